@@ -1,0 +1,59 @@
+"""Token and rollout accounting: what every allocator spends from.
+
+Every generated token is counted here, per step and in total, so that every metrics row can
+carry the cumulative count and curves can be drawn against tokens spent, not steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from adarl.types import Rollout
+
+
+@dataclass
+class Budget:
+    max_tokens: int | None = None  # total generated tokens allowed for the run
+    tokens_per_step: int | None = None  # generated tokens an allocator may spend in one step
+    total_tokens: int = 0
+    total_rollouts: int = 0
+    step_tokens: int = 0
+    step_rollouts: int = 0
+
+    def start_step(self) -> None:
+        self.step_tokens = 0
+        self.step_rollouts = 0
+
+    def spend(self, rollouts: list[Rollout]) -> None:
+        tokens = sum(len(r) for r in rollouts)
+        self.step_tokens += tokens
+        self.total_tokens += tokens
+        self.step_rollouts += len(rollouts)
+        self.total_rollouts += len(rollouts)
+
+    def step_tokens_left(self) -> int | None:
+        """Tokens still allowed this step (None = unlimited)."""
+        limits = []
+        if self.tokens_per_step is not None:
+            limits.append(self.tokens_per_step - self.step_tokens)
+        if self.max_tokens is not None:
+            limits.append(self.max_tokens - self.total_tokens)
+        return max(0, min(limits)) if limits else None
+
+    def exhausted(self) -> bool:
+        return self.max_tokens is not None and self.total_tokens >= self.max_tokens
+
+    def metrics(self) -> dict[str, int]:
+        return {
+            "tokens": self.total_tokens,
+            "rollouts": self.total_rollouts,
+            "step_tokens": self.step_tokens,
+            "step_rollouts": self.step_rollouts,
+        }
+
+    def state_dict(self) -> dict[str, int]:
+        return {"total_tokens": self.total_tokens, "total_rollouts": self.total_rollouts}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.total_tokens = state["total_tokens"]
+        self.total_rollouts = state["total_rollouts"]

@@ -1,0 +1,297 @@
+"""The recipe schema: one YAML file describes a whole run.
+
+Every section is a strict pydantic model: an unknown key, a wrong type or a missing file is
+an error that names the key, what was expected and the closest valid key, raised before any
+model is loaded. Stages chosen by name (select, allocate, advantage, loss) take
+``{name: ..., <that component's parameters>}`` and are checked against the registry.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from adarl import registry
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class LoraConfig(Section):
+    r: int = Field(16, gt=0)
+    alpha: float = 32.0
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+class ModelConfig(Section):
+    path: str = "smollm2-135m"  # alias, local HF folder, or .gguf file
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    lora: LoraConfig | None = None
+    threads: int | None = Field(None, gt=0)  # torch.set_num_threads; None = torch's default
+
+
+class TaskConfig(Section):
+    source: Literal["reasoning_gym", "jsonl"] = "reasoning_gym"
+    # reasoning_gym
+    name: str | None = None  # generator name, e.g. basic_arithmetic
+    params: dict[str, Any] = {}
+    size: int = Field(2000, gt=0)  # training items generated (before de-duplication)
+    # jsonl
+    path: str | None = None
+    eval_path: str | None = None  # optional separate eval file; otherwise a held-out split
+    fields: dict[str, str] = {"id": "id", "prompt": "prompt", "answer": "answer"}
+    # both
+    eval_size: int = Field(100, ge=0)
+    system_prompt: str | None = None
+    prompt_template: str = "{prompt}"  # {prompt} is the item's question text
+    seed: int | None = None  # defaults to the recipe's seed
+
+    @model_validator(mode="after")
+    def _check(self) -> TaskConfig:
+        if self.source == "reasoning_gym" and not self.name:
+            raise ValueError("task.name is required for source 'reasoning_gym' (e.g. basic_arithmetic)")
+        if self.source == "jsonl":
+            if not self.path:
+                raise ValueError("task.path is required for source 'jsonl'")
+            for p in (self.path, self.eval_path):
+                if p and not Path(p).expanduser().is_file():
+                    raise ValueError(f"task file not found: {p}")
+        if "{prompt}" not in self.prompt_template:
+            raise ValueError("task.prompt_template must contain {prompt}")
+        return self
+
+
+class RewardConfig(Section):
+    type: Literal["short_answer", "math", "format", "callable"]
+    name: str | None = None  # metric name; defaults to the type (or the function name)
+    weight: float = 1.0
+    correctness: bool | None = None  # counts as "correct" for pass rates; default: all but format
+    # short_answer
+    extract: Literal["answer_tag", "boxed", "last_number"] = "last_number"
+    match: Literal["exact", "numeric"] = "numeric"
+    # format
+    pattern: str | None = None  # a regex the completion must match (re.search); default: <answer> tags
+    # callable: "package.module:function", TRL signature f(prompts, completions, **columns) -> list[float]
+    function: str | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> RewardConfig:
+        if self.type == "callable" and not self.function:
+            raise ValueError("a callable reward needs function: 'module:function'")
+        return self
+
+
+class RolloutConfig(Section):
+    backend: Literal["hf"] = "hf"
+    temperature: float = Field(1.0, gt=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    max_new_tokens: int = Field(128, gt=0)
+    stop: list[str] = []
+    max_batch: int = Field(64, gt=0)  # rows decoded at once
+
+
+class BudgetConfig(Section):
+    max_steps: int | None = Field(20, gt=0)
+    max_tokens: int | None = Field(None, gt=0)  # stop once this many tokens were generated
+    prompts_per_step: int = Field(8, gt=0)
+    tokens_per_step: int | None = Field(None, gt=0)  # an allocator may not spend more in a step
+
+
+class TrainConfig(Section):
+    lr: float = Field(1e-6, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    max_grad_norm: float | None = 1.0
+    warmup_steps: int = Field(0, ge=0)
+    mini_batches: int = Field(1, gt=0)  # optimizer steps per generation step
+    epochs: int = Field(1, gt=0)
+    micro_batch_tokens: int = Field(4096, gt=0)  # padded tokens per forward/backward
+    logit_chunk: int = Field(512, gt=0)  # tokens whose vocabulary logits exist at once
+    gradient_checkpointing: bool = False
+
+
+class EvalConfig(Section):
+    every: int = Field(10, ge=0)  # steps; 0 = only before and after training
+    size: int | None = None  # held-out problems evaluated (default: all of task.eval_size)
+    samples: int = Field(0, ge=0)  # sampled completions per problem for mean@k (0 = greedy only)
+    max_new_tokens: int | None = None
+    at_start: bool = True
+
+
+class CheckpointConfig(Section):
+    every: int = Field(10, ge=0)  # steps; 0 = only at the end
+    keep: int = Field(2, gt=0)
+
+
+class LogConfig(Section):
+    tensorboard: bool = True
+    progress: bool = True
+    rollouts_every: int = Field(0, ge=0)  # write sampled rollouts every N steps (0 = never)
+
+
+class Recipe(Section):
+    name: str = "run"
+    seed: int = 0
+    deterministic: bool = False
+    model: ModelConfig = ModelConfig()
+    task: TaskConfig
+    rewards: list[RewardConfig] = [RewardConfig(type="short_answer")]
+    reward_workers: int = Field(2, gt=0)
+    reward_timeout_s: float = Field(10.0, gt=0)
+    rollout: RolloutConfig = RolloutConfig()
+    budget: BudgetConfig = BudgetConfig()
+    select: dict[str, Any] = {"name": "uniform"}
+    allocate: dict[str, Any] = {"name": "fixed", "n": 8}
+    advantage: dict[str, Any] = {"name": "grpo"}
+    loss: dict[str, Any] = {"name": "ppo_clip"}
+    train: TrainConfig = TrainConfig()
+    eval: EvalConfig = EvalConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    log: LogConfig = LogConfig()
+
+    @model_validator(mode="after")
+    def _check(self) -> Recipe:
+        if self.budget.max_steps is None and self.budget.max_tokens is None:
+            raise ValueError("set budget.max_steps or budget.max_tokens, or the run never ends")
+        if not self.rewards:
+            raise ValueError("rewards: at least one reward is needed")
+        return self
+
+
+# ---------------------------------------------------------------- loading and errors
+
+
+class RecipeError(Exception):
+    """A recipe problem, worded for the user; the CLI prints it and exits with code 2."""
+
+
+def _valid_keys(model: type[BaseModel] | None, loc: tuple[Any, ...]) -> list[str]:
+    """The keys valid at `loc` inside `model` (for the closest-key hint)."""
+    for part in loc[:-1]:
+        if model is None or isinstance(part, int):
+            continue
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return []
+        ann = field.annotation
+        candidates = [ann, *getattr(ann, "__args__", ())]
+        model = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        if model is None:
+            args = [a for c in candidates for a in getattr(c, "__args__", ())]
+            model = next((a for a in args if isinstance(a, type) and issubclass(a, BaseModel)), None)
+    return list(model.model_fields) if model is not None else []
+
+
+def _closest(key: str, valid: list[str]) -> str:
+    match = difflib.get_close_matches(key, valid, n=1, cutoff=0.4)
+    if match:
+        return f"; did you mean '{match[0]}'?"
+    return f"; valid keys: {', '.join(valid)}" if valid else ""
+
+
+def _format(err: ValidationError, prefix: tuple[Any, ...] = (), valid: list[str] | None = None) -> list[str]:
+    lines = []
+    for e in err.errors():
+        loc = prefix + tuple(e["loc"])
+        dotted = ".".join(str(p) for p in loc) or "(recipe)"
+        if e["type"] == "extra_forbidden":
+            keys = valid if valid is not None else _valid_keys(Recipe, loc)
+            lines.append(f"unknown key '{dotted}'{_closest(str(loc[-1]), keys)}")
+        elif e["type"] == "missing":
+            lines.append(f"missing key '{dotted}'")
+        elif e["type"] == "value_error":
+            msg = str(e["msg"]).removeprefix("Value error, ")
+            lines.append(msg if not e["loc"] else f"'{dotted}': {msg}")
+        else:
+            lines.append(f"'{dotted}': {e['msg']} (got {e.get('input')!r})")
+    return lines
+
+
+def _check_components(recipe: Recipe) -> list[str]:
+    lines = []
+    for stage in registry.STAGES:
+        spec = dict(getattr(recipe, stage))
+        name = spec.get("name")
+        choices = registry.names(stage)
+        if not isinstance(name, str):
+            lines.append(f"'{stage}.name' is required; choose one of: {', '.join(choices)}")
+            continue
+        if name not in choices:
+            hint = difflib.get_close_matches(name, choices, n=1, cutoff=0.3)
+            more = f"; did you mean '{hint[0]}'?" if hint else ""
+            lines.append(f"'{stage}.name': unknown {stage} method '{name}'{more} (choices: {', '.join(choices)})")
+            continue
+        try:
+            registry.build(stage, spec)
+        except ValidationError as err:
+            cls = registry.component_class(stage, name)
+            fields = list(getattr(cls, "__dataclass_fields__", {}))
+            lines += _format(err, (stage,), valid=fields)
+    return lines
+
+
+def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node: Any = data
+    for i, part in enumerate(parts[:-1]):
+        if isinstance(node, list):
+            node = node[int(part)]
+            continue
+        nxt = node.get(part)
+        if nxt is None:
+            nxt = node[part] = {}
+        if not isinstance(nxt, (dict, list)):
+            raise RecipeError(f"override '{dotted}': '{'.'.join(parts[: i + 1])}' is not a section")
+        node = nxt
+    if isinstance(node, list):
+        node[int(parts[-1])] = value
+    else:
+        node[parts[-1]] = value
+
+
+def parse_overrides(items: list[str]) -> list[tuple[str, Any]]:
+    out = []
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise RecipeError(f"override '{item}' must look like dotted.key=value")
+        out.append((key.strip(), yaml.safe_load(raw) if raw != "" else ""))
+    return out
+
+
+def load_recipe(path: str | Path | None = None, overrides: list[str] | None = None,
+                data: dict[str, Any] | None = None) -> Recipe:
+    """Read a recipe file (or a dict), apply dotted overrides, validate everything."""
+    if data is None:
+        if path is None:
+            raise RecipeError("no recipe given")
+        p = Path(path).expanduser()
+        if not p.is_file():
+            raise RecipeError(f"recipe file not found: {path}")
+        try:
+            data = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as err:
+            raise RecipeError(f"{path} is not valid YAML: {err}") from None
+    if not isinstance(data, dict):
+        raise RecipeError(f"{path}: a recipe is a mapping of sections, got {type(data).__name__}")
+    data = yaml.safe_load(yaml.safe_dump(data))  # deep copy
+    for key, value in parse_overrides(overrides or []):
+        _set_dotted(data, key, value)
+    try:
+        recipe = Recipe.model_validate(data)
+    except ValidationError as err:
+        raise RecipeError("\n".join(_format(err))) from None
+    problems = _check_components(recipe)
+    if problems:
+        raise RecipeError("\n".join(problems))
+    return recipe
+
+
+def dump_recipe(recipe: Recipe) -> str:
+    return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False)

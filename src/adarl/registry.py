@@ -1,0 +1,78 @@
+"""Name -> component class, for every stage that is chosen by name in a recipe.
+
+A component is a pydantic dataclass (so a recipe's parameters are type-checked and unknown
+ones are rejected) registered under a stage and a name:
+
+    @register("advantage", "grpo")
+    @dataclass(config=STRICT)
+    class Grpo: ...
+
+Plugins register theirs through the ``adarl.components`` entry-point group: each entry point
+names a module that registers components when imported.
+"""
+
+from __future__ import annotations
+
+import importlib
+from importlib.metadata import entry_points
+from typing import Any, Callable, TypeVar
+
+from pydantic import ConfigDict, TypeAdapter
+
+STAGES = ("select", "allocate", "advantage", "loss")
+STRICT = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+_REGISTRY: dict[str, dict[str, type]] = {stage: {} for stage in STAGES}
+_BUILTINS = {
+    "select": ["adarl.select.uniform"],
+    "allocate": ["adarl.allocate.fixed"],
+    "advantage": ["adarl.advantage.grpo"],
+    "loss": ["adarl.loss.ppo"],
+}
+_loaded = False
+
+T = TypeVar("T")
+
+
+def register(stage: str, name: str) -> Callable[[type[T]], type[T]]:
+    if stage not in _REGISTRY:
+        raise ValueError(f"unknown stage {stage!r}; stages are {', '.join(STAGES)}")
+
+    def wrap(cls: type[T]) -> type[T]:
+        _REGISTRY[stage][name] = cls
+        cls.registered_name = name  # type: ignore[attr-defined]
+        return cls
+
+    return wrap
+
+
+def _load() -> None:
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    for modules in _BUILTINS.values():
+        for module in modules:
+            importlib.import_module(module)
+    for ep in entry_points(group="adarl.components"):
+        importlib.import_module(ep.value)
+
+
+def names(stage: str) -> list[str]:
+    _load()
+    return sorted(_REGISTRY[stage])
+
+
+def component_class(stage: str, name: str) -> type:
+    _load()
+    try:
+        return _REGISTRY[stage][name]
+    except KeyError:
+        raise KeyError(name) from None
+
+
+def build(stage: str, spec: dict[str, Any]) -> Any:
+    """Build the component a recipe names: ``{"name": ..., **params}``."""
+    params = dict(spec)
+    cls = component_class(stage, params.pop("name"))
+    return TypeAdapter(cls).validate_python(params)

@@ -1,0 +1,168 @@
+"""The `hf` generator: batched sampling with a KV cache on any transformers causal LM.
+
+What makes it cheaper than a plain `model.generate` loop on RL workloads:
+- each distinct prompt is pre-filled once and its KV cache is copied to its n rows;
+- rows that finish (eos, stop string, length) leave the batch: the cache and masks are
+  compacted, so one long answer does not make every finished row pay for its tail;
+- only the last position's logits are computed, in float32, and the sampled token's
+  behaviour log-prob is read from the same distribution it was drawn from.
+
+Behaviour log-probs are log softmax(logits / T) at the sampled token, before top-p
+truncation: the trainer recomputes ℓ_θ with the same temperature so the ratio starts at 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+from adarl.config import RolloutConfig
+from adarl.types import FinishReason, Request, Rollout
+
+
+@dataclass
+class _Row:
+    request: int
+    tokens: list[int]
+    logprobs: list[float]
+    finish: FinishReason | None = None
+
+
+class HfGenerator:
+    def __init__(self, model, tokenizer, cfg: RolloutConfig, seed: int = 0):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.cfg = cfg
+        self.rng = torch.Generator(device="cpu").manual_seed(seed)
+        self.policy_version = 0
+        eos = model.generation_config.eos_token_id if model.generation_config is not None else None
+        eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        if tokenizer.eos_token_id is not None:
+            eos_ids.add(tokenizer.eos_token_id)
+        self.eos_ids = torch.tensor(sorted(eos_ids), dtype=torch.long)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        stop_lens = [len(tokenizer.encode(s, add_special_tokens=False)) for s in cfg.stop]
+        self.stop_window = max(stop_lens, default=0) + 2
+
+    # ---------------------------------------------------------------- protocol
+
+    def update_weights(self, named_tensors=None) -> None:
+        """The hf backend samples from the training model itself: only the version moves."""
+        self.policy_version += 1
+
+    def state_dict(self) -> dict:
+        return {"rng": self.rng.get_state(), "policy_version": self.policy_version}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rng.set_state(state["rng"])
+        self.policy_version = state["policy_version"]
+
+    @torch.inference_mode()
+    def generate(
+        self, requests: list[Request], greedy: bool = False, max_new_tokens: int | None = None
+    ) -> list[Rollout]:
+        """Rollouts for every request, each request's n rollouts consecutive, in request order."""
+        max_new = max_new_tokens or self.cfg.max_new_tokens
+        rows = [_Row(i, [], []) for i, req in enumerate(requests) for _ in range(req.n)]
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for start in range(0, len(rows), self.cfg.max_batch):
+                self._decode(requests, rows[start : start + self.cfg.max_batch], greedy, max_new)
+        finally:
+            self.model.train(was_training)
+        texts = self.tokenizer.batch_decode([r.tokens for r in rows], skip_special_tokens=True)
+        return [
+            Rollout(
+                prompt_id=requests[r.request].prompt_id,
+                completion_ids=r.tokens,
+                logprobs=r.logprobs,
+                finish_reason=r.finish or "length",
+                text=text,
+                policy_version=self.policy_version,
+            )
+            for r, text in zip(rows, texts, strict=True)
+        ]
+
+    # ---------------------------------------------------------------- decoding
+
+    def _prefill(self, requests: list[Request], rows: list[_Row]):
+        """Pre-fill each distinct prompt once; copy its cache to its rows."""
+        order = sorted({r.request for r in rows})
+        prompts = [requests[i].prompt_ids + (requests[i].prefix_ids or []) for i in order]
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        attn = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):  # left padding
+            ids[i, width - len(p) :] = torch.tensor(p)
+            attn[i, width - len(p) :] = 1
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache()
+        out = self.model(
+            input_ids=ids, attention_mask=attn, position_ids=pos, past_key_values=cache,
+            use_cache=True, logits_to_keep=1,
+        )
+        where = {req: i for i, req in enumerate(order)}
+        row_prompt = torch.tensor([where[r.request] for r in rows])
+        cache = out.past_key_values
+        cache.batch_select_indices(row_prompt)
+        return out.logits[row_prompt, -1].float(), cache, attn[row_prompt], pos[row_prompt, -1] + 1
+
+    def _sample(self, logits: torch.Tensor, greedy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        if greedy:
+            tokens = logits.argmax(-1)
+            return tokens, torch.log_softmax(logits, -1).gather(-1, tokens[:, None])[:, 0]
+        logp = torch.log_softmax(logits / self.cfg.temperature, -1)
+        probs = logp.exp()
+        if self.cfg.top_p < 1.0:
+            sorted_p, idx = probs.sort(-1, descending=True)
+            drop = sorted_p.cumsum(-1) - sorted_p > self.cfg.top_p  # keep the smallest set ≥ top_p
+            sorted_p = sorted_p.masked_fill(drop, 0.0)
+            probs = torch.zeros_like(probs).scatter(-1, idx, sorted_p)
+        tokens = torch.multinomial(probs, 1, generator=self.rng)[:, 0]
+        return tokens, logp.gather(-1, tokens[:, None])[:, 0]
+
+    def _stopped(self, row: _Row) -> bool:
+        if not self.cfg.stop:
+            return False
+        tail = self.tokenizer.decode(row.tokens[-self.stop_window :], skip_special_tokens=True)
+        return any(s in tail for s in self.cfg.stop)
+
+    def _decode(self, requests: list[Request], rows: list[_Row], greedy: bool, max_new: int) -> None:
+        logits, cache, attn, next_pos = self._prefill(requests, rows)
+        active = list(range(len(rows)))  # position in the current (compacted) batch -> row
+        done_since_compact = 0
+        for step in range(max_new):
+            tokens, logps = self._sample(logits, greedy)
+            is_eos = torch.isin(tokens, self.eos_ids)
+            keep: list[int] = []
+            for j, row_i in enumerate(active):
+                row = rows[row_i]
+                if row.finish is not None:  # finished, waiting for the next compaction
+                    continue
+                row.tokens.append(int(tokens[j]))
+                row.logprobs.append(float(logps[j]))
+                if is_eos[j] or self._stopped(row):
+                    row.finish = "stop"
+                elif step + 1 == max_new:
+                    row.finish = "length"
+                else:
+                    keep.append(j)
+            if not keep:
+                return
+            done_since_compact = len(active) - len(keep)
+            # Compacting copies the cache: do it once enough rows have finished to pay for it.
+            if done_since_compact and (done_since_compact * 8 >= len(active) or step % 8 == 7):
+                index = torch.tensor(keep)
+                cache.batch_select_indices(index)
+                attn, next_pos, tokens = attn[index], next_pos[index], tokens[index]
+                active = [active[j] for j in keep]
+            attn = torch.cat([attn, torch.ones((len(active), 1), dtype=attn.dtype)], dim=-1)
+            out = self.model(
+                input_ids=tokens[:, None], attention_mask=attn, position_ids=next_pos[:, None],
+                past_key_values=cache, use_cache=True,
+            )
+            cache, logits = out.past_key_values, out.logits[:, -1].float()
+            next_pos = next_pos + 1
