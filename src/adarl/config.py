@@ -200,7 +200,7 @@ def _format(err: ValidationError, prefix: tuple[Any, ...] = (), valid: list[str]
     for e in err.errors():
         loc = prefix + tuple(e["loc"])
         dotted = ".".join(str(p) for p in loc) or "(recipe)"
-        if e["type"] == "extra_forbidden":
+        if e["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
             keys = valid if valid is not None else _valid_keys(Recipe, loc)
             lines.append(f"unknown key '{dotted}'{_closest(str(loc[-1]), keys)}")
         elif e["type"] == "missing":

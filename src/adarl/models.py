@@ -197,6 +197,7 @@ def convert_gguf(gguf: Path, dest: Path) -> Path:
             "seconds": round(time.perf_counter() - t0, 2),
         }, indent=1))
         del model
+        _make_readable(tmp)
         try:
             os.rename(tmp, dest)
         except OSError:
@@ -207,6 +208,15 @@ def convert_gguf(gguf: Path, dest: Path) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
     log.info("converted %s -> %s in %.1fs", gguf, dest, time.perf_counter() - t0)
     return dest
+
+
+def _make_readable(folder: Path) -> None:
+    """mkdtemp makes a private folder; give the cache entry the usual umask permissions."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(folder, 0o777 & ~umask)
+    for f in folder.iterdir():
+        os.chmod(f, 0o666 & ~umask)
 
 
 def _check_converted(folder: Path, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
@@ -239,8 +249,9 @@ def _check_converted(folder: Path, model: PreTrainedModel, tokenizer: PreTrained
     gen = model2.generation_config
     eos = gen.eos_token_id if isinstance(gen.eos_token_id, list) else [gen.eos_token_id]
     if tokenizer.eos_token_id not in eos or gen.pad_token_id != tokenizer.pad_token_id:
-        raise RuntimeError(f"converted generation config eos={gen.eos_token_id} pad={gen.pad_token_id} do not "
-                           f"match the tokenizer's ({tokenizer.eos_token_id}, {tokenizer.pad_token_id})")
+        raise RuntimeError(f"converted generation config eos={gen.eos_token_id} pad={gen.pad_token_id} "
+                           f"do not match the tokenizer's ({tokenizer.eos_token_id}, "
+                           f"{tokenizer.pad_token_id})")
 
 
 def ensure_hf_folder(path: str) -> Path:

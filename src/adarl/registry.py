@@ -14,8 +14,9 @@ names a module that registers components when imported.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from importlib.metadata import entry_points
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 from pydantic import ConfigDict, TypeAdapter
 

@@ -1,0 +1,201 @@
+"""Scoring completions with verifiers.
+
+`Rewards` composes the configured rewards (``RewardConfig``) and scores whole groups of rollouts.
+math-verify and user functions always run in spawned worker processes (`WorkerPool`) with a
+wall-clock timeout, so a hanging, crashing or memory-hungry verifier scores 0 and is counted,
+never raised; the cheap pure-Python scorers (short answers, the default format check) run
+in-process behind a guard that turns any exception into a counted error.
+
+This package must stay light: workers import it, so no torch (and numpy only inside methods).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math as _math
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from adarl.rewards import callable as user_fn
+from adarl.rewards import format as format_reward
+from adarl.rewards import math as math_reward
+from adarl.rewards import short_answer
+from adarl.rewards.pool import Job, WorkerPool
+
+if TYPE_CHECKING:
+    from adarl.config import RewardConfig
+    from adarl.types import Group
+
+__all__ = ["Rewards", "WorkerPool", "reward_name", "validate_callable"]
+
+log = logging.getLogger(__name__)
+
+_WARNINGS_PER_REWARD = 3  # failure messages logged per reward before going quiet
+
+
+def validate_callable(function: str) -> Callable[..., Any]:
+    """Import ``"package.module:function"`` in this process to fail fast with a clear ValueError."""
+    return user_fn.load_function(function)
+
+
+def reward_name(config: RewardConfig) -> str:
+    """The metric name of a reward: its `name`, else the function's name or the type."""
+    if config.name:
+        return config.name
+    if config.type == "callable" and config.function:
+        return user_fn.function_name(config.function)
+    return config.type
+
+
+class Rewards:
+    """The configured rewards, scoring groups of rollouts.
+
+    Args:
+        configs: one `RewardConfig` per reward; names (given or default) must be unique.
+        workers: worker processes for math-verify and user functions.
+        timeout_s: wall-clock seconds one completion may take in a worker before it is killed
+            (math-verify's own per-step timeouts are a third of it, at least 1 s).
+        memory_limit_mb: address space each worker may add (MemoryError beyond it); None: no cap.
+        validate: import user functions here first, so a typo fails now rather than every step.
+    """
+
+    def __init__(self, configs: Sequence[RewardConfig], workers: int = 2, timeout_s: float = 10.0, *,
+                 memory_limit_mb: int | None = 4096, validate: bool = True) -> None:
+        self.configs = list(configs)
+        if not self.configs:
+            raise ValueError("at least one reward is needed")
+        names = [reward_name(c) for c in self.configs]
+        duplicates = [n for n, count in Counter(names).items() if count > 1]
+        if duplicates:
+            raise ValueError(f"duplicate reward name {duplicates[0]!r}: give each reward a distinct 'name'")
+        self.names: tuple[str, ...] = tuple(names)
+        self.weights = [float(c.weight) for c in self.configs]
+        marked = [c.correctness if c.correctness is not None else c.type != "format" for c in self.configs]
+        # With no reward marked for correctness (e.g. only a format reward), every reward counts.
+        self.correctness: tuple[bool, ...] = tuple(marked) if any(marked) else (True,) * len(marked)
+        self.math_timeout_s = max(1, int(timeout_s / 3))
+        preload = []
+        for c in self.configs:
+            if c.type == "format" and c.pattern is not None:
+                format_reward.compile_pattern(c.pattern)
+            if c.type == "callable":
+                assert c.function is not None
+                if validate:
+                    validate_callable(c.function)
+                preload.append(c.function.partition(":")[0].strip())
+            if c.type == "math":
+                preload.append("math_verify")
+        self.pool = WorkerPool(workers, timeout_s, memory_limit_mb=memory_limit_mb,
+                               preload=tuple(dict.fromkeys(preload)))
+        self._warned: Counter[str] = Counter()
+
+    # ------------------------------------------------------------------ scoring
+
+    def _in_process(self, config: RewardConfig) -> bool:
+        return config.type == "short_answer" or (config.type == "format" and config.pattern is None)
+
+    def _local(self, config: RewardConfig, text: str, answer: Any) -> float:
+        if config.type == "short_answer":
+            answer = None if answer is None else str(answer)
+            return short_answer.score(text, answer, config.extract, config.match)
+        return format_reward.score(text, config.pattern)
+
+    def _job(self, config: RewardConfig, group: Group, text: str) -> Job:
+        problem = group.problem
+        if config.type == "math":
+            answer = None if problem.answer is None else str(problem.answer)
+            return math_reward.score, (text, answer, self.math_timeout_s)
+        if config.type == "callable":
+            columns = dict(problem.columns)
+            return user_fn.call, (config.function, problem.prompt, text, problem.answer, columns)
+        return format_reward.score, (text, config.pattern)
+
+    def _warn(self, name: str, status: str, message: str) -> None:
+        self._warned[name] += 1
+        if self._warned[name] <= _WARNINGS_PER_REWARD:
+            last = self._warned[name] == _WARNINGS_PER_REWARD
+            more = " (further failures of this reward are not logged)" if last else ""
+            log.warning("reward %r: %s: %s%s", name, status, message, more)
+
+    def score(self, groups: Sequence[Group]) -> dict[str, float]:
+        """Score every rollout of every group; fills `rewards`, `reward_names` and `correct` in place.
+
+        ``group.rewards[i, j]`` is weight_j times the raw score of rollout i by reward j; a
+        rollout is correct when every correctness reward scored it above 0.5. Returns metrics:
+        ``reward/<name>`` (mean raw score), ``reward_errors``, ``reward_timeouts``,
+        ``reward_crashes`` (counts in this call) and ``verify_s``.
+        """
+        import numpy as np
+
+        start = time.perf_counter()
+        rows = [(g, r) for g in groups for r in g.rollouts]
+        raw = np.zeros((len(rows), len(self.configs)), dtype=np.float64)
+        failures: Counter[str] = Counter()
+        jobs: list[Job] = []
+        where: list[tuple[int, int]] = []
+        for j, config in enumerate(self.configs):
+            local = self._in_process(config)
+            for i, (group, rollout) in enumerate(rows):
+                text = rollout.text or ""
+                if not local:
+                    jobs.append(self._job(config, group, text))
+                    where.append((i, j))
+                    continue
+                try:
+                    raw[i, j] = self._local(config, text, group.problem.answer)
+                except Exception as exc:  # noqa: BLE001 - a scorer bug scores 0, never stops training
+                    failures["error"] += 1
+                    self._warn(self.names[j], "error", repr(exc))
+        if jobs:
+            results = self.pool.run(jobs)
+            messages = dict(self.pool.errors)
+            for n, ((i, j), (value, status)) in enumerate(zip(where, results, strict=True)):
+                if status == "ok":
+                    try:
+                        value = float(value)
+                        if not _math.isfinite(value):
+                            raise ValueError(f"non-finite score {value}")
+                    except (TypeError, ValueError) as exc:
+                        status, messages[n] = "error", repr(exc)
+                    else:
+                        raw[i, j] = value
+                        continue
+                failures[status] += 1
+                self._warn(self.names[j], status, messages.get(n, status))
+
+        weights = np.asarray(self.weights, dtype=np.float64)
+        mask = np.asarray(self.correctness, dtype=bool)
+        offset = 0
+        for group in groups:
+            block = raw[offset:offset + group.size]
+            offset += group.size
+            group.rewards = block * weights
+            group.reward_names = self.names
+            group.correct = np.all(block[:, mask] > 0.5, axis=1).astype(np.float64)
+
+        metrics = {f"reward/{name}": float(raw[:, j].mean()) if len(rows) else 0.0
+                   for j, name in enumerate(self.names)}
+        metrics["reward_errors"] = float(failures["error"])
+        metrics["reward_timeouts"] = float(failures["timeout"])
+        metrics["reward_crashes"] = float(failures["crashed"])
+        metrics["verify_s"] = time.perf_counter() - start
+        return metrics
+
+    # ------------------------------------------------------------------ lifetime
+
+    def close(self) -> None:
+        """Stop the worker processes."""
+        self.pool.close()
+
+    def __enter__(self) -> Rewards:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.pool.close()

@@ -8,7 +8,6 @@ The trainer composes stages and knows nothing about which method each one is.
 
 from __future__ import annotations
 
-import math
 import random
 import time
 from pathlib import Path
@@ -349,7 +348,6 @@ class Trainer:
         optimizer_state, state = checkpoint.load(path, self.model)
         self.optimizer.load_state_dict(optimizer_state)
         self.load_state_dict(state)
-        MetricsWriter.truncate_after(self.run_dir, self.step)
         return True
 
     # ---------------------------------------------------------------- the loop
@@ -361,7 +359,8 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(dump_recipe(self.recipe))
         resumed = resume and self.resume()
-        writer = MetricsWriter(self.run_dir, tensorboard=self.recipe.log.tensorboard)
+        writer = MetricsWriter(self.run_dir, tensorboard=self.recipe.log.tensorboard,
+                               resume_step=self.step if resumed else None)
         last: dict[str, float] = {}
         t_start = time.perf_counter() - self.wall_offset
         try:
@@ -369,8 +368,8 @@ class Trainer:
                 row = {"step": 0, **self.budget.metrics(), **self.evaluate()}
                 writer.write(row)
                 last.update(row)
-            total = self.max_steps or max(1, math.ceil((self.recipe.budget.max_tokens or 1) / 1))
-            with Progress(total, enabled=self.recipe.log.progress) as progress:
+            with Progress(self.max_steps, enabled=self.recipe.log.progress, start_step=self.step,
+                          total_tokens=self.recipe.budget.max_tokens) as progress:
                 while not self.done():
                     row = {"step": self.step + 1, **self.train_step()}
                     if self._due(self.recipe.eval.every):

@@ -1,0 +1,171 @@
+"""Where per-step metrics go: ``metrics.jsonl`` (one JSON object per step) and TensorBoard.
+
+Each JSON line is flushed and fsynced as it is written, so a crashed run keeps every finished
+step. Non-finite floats are written as ``null``; numpy/torch scalars and arrays become plain
+JSON. On resume, ``MetricsWriter.truncate_after(run_dir, step)`` drops the rows of steps that
+will be redone (the writer does it itself when given ``resume_step``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+METRICS_FILE = "metrics.jsonl"
+TB_DIR = "tb"
+
+
+def to_jsonable(value: Any) -> Any:
+    """``value`` as plain JSON data: numpy/torch scalars unwrapped, non-finite floats ``None``."""
+    if value is None or isinstance(value, (str, bool)):
+        return value
+    if isinstance(value, (np.bool_,)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        f = float(value)
+        return f if math.isfinite(f) else None
+    if isinstance(value, Mapping):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return to_jsonable(value.tolist())
+    if hasattr(value, "detach") and hasattr(value, "tolist"):  # a torch tensor
+        return to_jsonable(value.detach().cpu().tolist())
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    return str(value)
+
+
+def numeric_items(row: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, float]]:
+    """The finite numbers of a (JSON-ready) row as ``(tag, value)``; nested dicts join with '/'."""
+    for key, value in row.items():
+        tag = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            yield from numeric_items(value, tag + "/")
+        elif isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            yield tag, float(value)
+
+
+class MetricsWriter:
+    """Append per-step metric rows to ``run_dir/metrics.jsonl`` and TensorBoard (``run_dir/tb``).
+
+    With ``resume_step`` set, rows after that step are dropped first and TensorBoard is told to
+    hide the old events from that step on (``purge_step``).
+    """
+
+    def __init__(self, run_dir: str | Path, tensorboard: bool = True, resume_step: int | None = None) -> None:
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.run_dir / METRICS_FILE
+        if resume_step is not None:
+            self.truncate_after(self.run_dir, resume_step)
+        self._file = self.path.open("a", encoding="utf-8")
+        if self._ends_torn():  # a crash mid-line: start on a fresh line so no row merges into it
+            self._file.write("\n")
+            self._file.flush()
+        self._tb = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            purge = resume_step + 1 if resume_step is not None else None
+            self._tb = SummaryWriter(log_dir=str(self.run_dir / TB_DIR), purge_step=purge, flush_secs=30)
+
+    def _ends_torn(self) -> bool:
+        size = self.path.stat().st_size
+        if size == 0:
+            return False
+        with self.path.open("rb") as f:
+            f.seek(size - 1)
+            return f.read(1) != b"\n"
+
+    def write(self, row: Mapping[str, Any]) -> dict[str, Any]:
+        """Write one step's row (it must have an integer ``"step"``); returns the JSON-ready row."""
+        if self._file is None:
+            raise RuntimeError("MetricsWriter is closed")
+        if "step" not in row:
+            raise ValueError("a metrics row needs a 'step'")
+        clean = to_jsonable(dict(row))
+        step = clean["step"]
+        if not isinstance(step, int) or isinstance(step, bool):
+            raise ValueError(f"metrics 'step' must be an integer, got {row['step']!r}")
+        self._file.write(json.dumps(clean, allow_nan=False, ensure_ascii=False) + "\n")
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        if self._tb is not None:
+            for tag, value in numeric_items(clean):
+                if tag != "step":
+                    self._tb.add_scalar(tag, value, global_step=step)
+        return clean
+
+    log = write
+
+    def flush(self) -> None:
+        if self._tb is not None:
+            self._tb.flush()
+
+    def close(self) -> None:
+        """Flush and close both sinks (safe to call twice)."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._tb is not None:
+            self._tb.flush()
+            self._tb.close()
+            self._tb = None
+
+    def __enter__(self) -> MetricsWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @staticmethod
+    def read(run_dir: str | Path) -> list[dict[str, Any]]:
+        """The rows of ``run_dir/metrics.jsonl`` (a torn last line is skipped)."""
+        path = Path(run_dir) / METRICS_FILE
+        if not path.exists():
+            return []
+        rows = []
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(row, dict):
+                rows.append(row)
+        return rows
+
+    @staticmethod
+    def truncate_after(run_dir: str | Path, step: int) -> int:
+        """Keep only rows with ``step <= step`` (and drop unreadable lines), atomically.
+
+        Returns the number of rows kept; a missing file is left missing.
+        """
+        path = Path(run_dir) / METRICS_FILE
+        if not path.exists():
+            return 0
+        kept = [row for row in MetricsWriter.read(run_dir)
+                if isinstance(row.get("step"), int) and row["step"] <= step]
+        fd, tmp = tempfile.mkstemp(prefix=f".{METRICS_FILE}.", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                for row in kept:
+                    f.write(json.dumps(row, allow_nan=False, ensure_ascii=False) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, path.stat().st_mode & 0o777)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return len(kept)

@@ -1,0 +1,85 @@
+"""User reward functions with the TRL signature, called one completion at a time.
+
+A function is named ``"package.module:function"`` and called as
+``f(prompts=[prompt], completions=[completion], answer=[answer], **{column: [value]})`` where the
+columns are the problem's extra dataset fields; it returns a one-element list of numbers. Calling
+per completion (inside a pool worker) means one bad completion only zeroes itself.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import numbers
+from collections.abc import Callable
+from typing import Any
+
+RewardFn = Callable[..., Any]
+
+_RESERVED = ("prompts", "completions")
+_loaded: dict[str, RewardFn] = {}  # per process: workers import each function once
+
+
+def function_name(spec: str) -> str:
+    """The function's own name in ``"package.module:function"`` (the default reward name)."""
+    return spec.rpartition(":")[2].rpartition(".")[2] or spec
+
+
+def load_function(spec: str) -> RewardFn:
+    """Import ``"package.module:function"``; a ValueError says what is wrong with it."""
+    module_name, sep, attr = spec.strip().partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"reward function {spec!r} must look like 'package.module:function'")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
+            raise ValueError(f"reward function {spec!r}: no module named {exc.name!r} "
+                             "(is it installed, or on PYTHONPATH?)") from None
+        raise ValueError(f"reward function {spec!r}: importing {module_name!r} failed: {exc}") from None
+    except Exception as exc:
+        raise ValueError(f"reward function {spec!r}: importing {module_name!r} failed: "
+                         f"{type(exc).__name__}: {exc}") from None
+    obj: Any = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise ValueError(f"reward function {spec!r}: module {module_name!r} has no attribute "
+                             f"{attr!r}") from None
+    if not callable(obj):
+        raise ValueError(f"reward function {spec!r} is a {type(obj).__name__}, not a function")
+    return obj
+
+
+def _get(spec: str) -> RewardFn:
+    fn = _loaded.get(spec)
+    if fn is None:
+        fn = _loaded[spec] = load_function(spec)
+    return fn
+
+
+def to_score(out: Any) -> float:
+    """The single finite number in a reward function's return value; TypeError/ValueError otherwise."""
+    if hasattr(out, "tolist") and not isinstance(out, (list, tuple)):
+        out = out.tolist()  # numpy / torch arrays and scalars
+    if isinstance(out, (list, tuple)):
+        if len(out) != 1:
+            raise ValueError(f"reward function returned {len(out)} values for 1 completion")
+        out = out[0]
+        if hasattr(out, "item"):
+            out = out.item()
+    if not isinstance(out, numbers.Real):
+        raise TypeError(f"reward function returned a {type(out).__name__}, not a number: {out!r:.100}")
+    value = float(out)
+    if not math.isfinite(value):
+        raise ValueError(f"reward function returned a non-finite value: {value}")
+    return value
+
+
+def call(spec: str, prompt: Any, completion: str, answer: Any, columns: dict[str, Any]) -> float:
+    """Score one completion with the function named by `spec` (run inside a worker)."""
+    fn = _get(spec)
+    kwargs = {k: [v] for k, v in columns.items() if k not in _RESERVED}
+    kwargs["answer"] = [answer]
+    return to_score(fn(prompts=[prompt], completions=[completion], **kwargs))

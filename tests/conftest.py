@@ -1,0 +1,75 @@
+"""Shared test fixtures: a tiny local Llama model with a character-level ChatML tokenizer.
+
+`make_tiny_model_dir(path)` writes a complete HF folder (config, safetensors, generation config,
+tokenizer with chat template) that `adarl.models.load_model` loads like any local model; the
+session fixture `tiny_model_dir` builds one per test session. Other tests can import the
+function (`from conftest import make_tiny_model_dir`) to build variants.
+"""
+
+from __future__ import annotations
+
+import os
+import string
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+#: characters the tiny tokenizer knows, one token each
+TINY_CHARS = string.digits + string.ascii_letters + " \n" + "+-*/=?.,!:;()'\"<>{}[]_#%&$^|@~\\"
+TINY_SPECIALS = ("<unk>", "<|im_start|>", "<|im_end|>")
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def make_tiny_tokenizer(vocab_chars: str = TINY_CHARS):
+    """A character-level tokenizer: one token per character, ChatML markers as single tokens."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate([*TINY_SPECIALS, *dict.fromkeys(vocab_chars)])}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    backend.add_special_tokens(list(TINY_SPECIALS))
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, unk_token="<unk>", eos_token="<|im_end|>", pad_token="<|im_end|>",
+        chat_template=CHATML_TEMPLATE, padding_side="left",
+    )
+
+
+def make_tiny_model_dir(path: str | Path, vocab_chars: str = TINY_CHARS, seed: int = 0,
+                        num_layers: int = 2, hidden: int = 64) -> Path:
+    """Write a tiny random Llama (head_dim 64, tied embeddings) and its tokenizer to `path`."""
+    import torch
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tok = make_tiny_tokenizer(vocab_chars)
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    bos = tok.convert_tokens_to_ids("<|im_start|>")
+    config = LlamaConfig(
+        vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=num_layers,
+        num_attention_heads=max(1, hidden // 64), num_key_value_heads=max(1, hidden // 64), head_dim=64,
+        max_position_embeddings=1024, tie_word_embeddings=True, bos_token_id=bos, eos_token_id=eos,
+        pad_token_id=eos, rms_norm_eps=1e-5,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).to(torch.float32)
+    model.generation_config = GenerationConfig(bos_token_id=bos, eos_token_id=eos, pad_token_id=eos)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny local HF model folder, built once per session (treat it as read-only)."""
+    return make_tiny_model_dir(tmp_path_factory.mktemp("tiny_model"))

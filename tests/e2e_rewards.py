@@ -1,0 +1,6 @@
+"""Reward functions for the end-to-end tests (module-level, so worker processes can import them)."""
+
+
+def fraction_of_a(prompts, completions, **columns):
+    """A trivially learnable reward: the share of 'a' characters in the completion."""
+    return [c.count("a") / max(len(c), 1) for c in completions]

@@ -1,0 +1,79 @@
+"""Recipe errors are caught before any model loads, with the key, the expectation and a hint."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from adarl.config import RecipeError, load_recipe
+
+ROOT = Path(__file__).resolve().parents[1]
+BASE = {"task": {"source": "reasoning_gym", "name": "basic_arithmetic"}}
+
+
+def error_of(data=None, overrides=None, path=None) -> str:
+    with pytest.raises(RecipeError) as info:
+        load_recipe(path, overrides, data=data if path is None else None)
+    return str(info.value)
+
+
+def test_quickstart_recipe_is_valid():
+    recipe = load_recipe(ROOT / "recipes" / "quickstart.yaml")
+    assert recipe.model.path == "smollm2-135m"
+
+
+def test_unknown_key_names_closest():
+    msg = error_of({**BASE, "rollout": {"temprature": 0.7}})
+    assert "unknown key 'rollout.temprature'" in msg and "did you mean 'temperature'" in msg
+
+
+def test_unknown_top_level_key():
+    msg = error_of({**BASE, "trian": {"lr": 1e-5}})
+    assert "unknown key 'trian'" in msg and "'train'" in msg
+
+
+def test_wrong_type_names_key_and_value():
+    msg = error_of({**BASE, "train": {"lr": "fast"}})
+    assert "'train.lr'" in msg and "'fast'" in msg and "number" in msg
+
+
+def test_override_typo_and_type():
+    msg = error_of(BASE, ["budget.max_step=3"])
+    assert "budget.max_step" in msg and "max_steps" in msg
+    recipe = load_recipe(None, ["budget.max_steps=3", "rollout.stop=[\"\\n\\n\"]"], data=BASE)
+    assert recipe.budget.max_steps == 3 and recipe.rollout.stop == ["\n\n"]
+
+
+def test_unknown_method_and_parameter():
+    msg = error_of({**BASE, "advantage": {"name": "grop"}})
+    assert "unknown advantage method 'grop'" in msg and "did you mean 'grpo'" in msg
+    msg = error_of({**BASE, "loss": {"name": "ppo_clip", "eps_hi": 0.28}})
+    assert "unknown key 'loss.eps_hi'" in msg and "eps_high" in msg
+    msg = error_of({**BASE, "loss": {"name": "ppo_clip", "agg": "mean"}})
+    assert "'loss.agg'" in msg and "token-mean" in msg
+
+
+def test_missing_files():
+    assert "recipe file not found: nowhere.yaml" in error_of(path="nowhere.yaml")
+    msg = error_of({"task": {"source": "jsonl", "path": "/no/such/data.jsonl"}})
+    assert "task file not found: /no/such/data.jsonl" in msg
+
+
+def test_missing_required():
+    assert "missing key 'task'" in error_of({})
+    assert "task.name is required" in error_of({"task": {"source": "reasoning_gym"}})
+
+
+def test_cli_exits_2_without_traceback(tmp_path):
+    recipe = tmp_path / "bad.yaml"
+    recipe.write_text(yaml.safe_dump({**BASE, "rollout": {"max_new_tokens": -4}}))
+    proc = subprocess.run([sys.executable, "-m", "adarl.cli", "train", str(recipe)], capture_output=True,
+                          text=True, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2
+    assert "rollout.max_new_tokens" in proc.stderr and "greater than 0" in proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    proc = subprocess.run([sys.executable, "-m", "adarl.cli", "train", "missing.yaml"], capture_output=True,
+                          text=True, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2 and "recipe file not found" in proc.stderr
