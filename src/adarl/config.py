@@ -261,7 +261,11 @@ def parse_overrides(items: list[str]) -> list[tuple[str, Any]]:
         key, sep, raw = item.partition("=")
         if not sep or not key:
             raise RecipeError(f"override '{item}' must look like dotted.key=value")
-        out.append((key.strip(), yaml.safe_load(raw) if raw != "" else ""))
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError:  # not YAML: take the text as it is
+            value = raw
+        out.append((key.strip(), value))
     return out
 
 

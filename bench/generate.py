@@ -1,0 +1,94 @@
+"""The `hf` generator against plain `model.generate` on a long-tailed RL batch.
+
+Both sample the same prompts (n rollouts each, temperature 1, no top-p) from SmolLM2-135M on
+this machine's threads, one after the other in one process. Most prompts are short
+arithmetic questions whose answers end in a few tokens; a few ask for a story and run to
+the length limit: the long tail that keeps a plain batch busy. Throughput counts the tokens
+each method really generated (up to and including eos), over wall time.
+
+    .venv/bin/python bench/generate.py [--n 8] [--max-new-tokens 192] [--repeats 2]
+
+Run it with nothing else busy on the machine: on 2 cores a second process skews both sides.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import torch
+
+from adarl.config import ModelConfig, RolloutConfig
+from adarl.models import chat_ids, load_model
+from adarl.rollout.hf import HfGenerator
+from adarl.types import Request
+
+SYSTEM = "You are a concise calculator. Reply with only the final number."
+PROMPTS = [
+    [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Calculate 37 + 45."}],
+    [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Calculate 12 + 9."}],
+    [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Calculate 81 + 16."}],
+    [{"role": "user", "content": "Write a long story about a lighthouse keeper and a storm."}],
+]
+
+
+def plain_generate(model, tok, prompts: list[list[int]], n: int, max_new: int) -> int:
+    """transformers' generate on the left-padded batch of every row; returns tokens generated."""
+    rows = [p for p in prompts for _ in range(n)]
+    width = max(map(len, rows))
+    ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in rows])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in rows])
+    out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_p=1.0,
+                         top_k=0, max_new_tokens=max_new, pad_token_id=tok.pad_token_id,
+                         eos_token_id=tok.eos_token_id)[:, width:]
+    total = 0
+    for row in out.tolist():
+        total += row.index(tok.eos_token_id) + 1 if tok.eos_token_id in row else len(row)
+    return total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=192)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    model, tok = load_model(ModelConfig(path="smollm2-135m"), for_training=False)
+    model.eval()
+    prompts = [chat_ids(tok, m) for m in PROMPTS]
+    gen = HfGenerator(model, tok, RolloutConfig(temperature=1.0, max_new_tokens=args.max_new_tokens, max_batch=256))
+    results: dict[str, list[tuple[int, float]]] = {"adarl_hf": [], "model_generate": []}
+    torch.manual_seed(0)
+    for _ in range(args.repeats):  # interleaved, so drift on a noisy machine hits both alike
+        t0 = time.perf_counter()
+        rollouts = gen.generate([Request(str(i), p, args.n) for i, p in enumerate(prompts)])
+        results["adarl_hf"].append((sum(len(r) for r in rollouts), time.perf_counter() - t0))
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            tokens = plain_generate(model, tok, prompts, args.n, args.max_new_tokens)
+        results["model_generate"].append((tokens, time.perf_counter() - t0))
+    summary = {}
+    for name, runs in results.items():
+        tokens = sum(t for t, _ in runs)
+        seconds = sum(s for _, s in runs)
+        summary[name] = {"tokens": tokens, "seconds": round(seconds, 2), "tokens_per_s": round(tokens / seconds, 1)}
+    ratio = summary["adarl_hf"]["tokens_per_s"] / summary["model_generate"]["tokens_per_s"]
+    summary["throughput_ratio"] = round(ratio, 2)
+    summary["setup"] = {"rows": len(prompts) * args.n, "max_new_tokens": args.max_new_tokens,
+                        "repeats": args.repeats, "threads": torch.get_num_threads()}
+    print(f"{'method':<16}{'tokens':>8}{'seconds':>10}{'tok/s':>10}")
+    for name in results:
+        s = summary[name]
+        print(f"{name:<16}{s['tokens']:>8}{s['seconds']:>10}{s['tokens_per_s']:>10}")
+    print(f"hf generator / model.generate throughput: {ratio:.2f}x (target >= 1.5x)")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(summary, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
