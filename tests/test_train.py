@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 import pytest
+import torch
 import yaml
 from safetensors.torch import load_file
 

@@ -38,7 +38,7 @@ def _fsync_tree(path: Path) -> None:
 
 
 def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {n: p.detach().contiguous().clone() for n, p in model.named_parameters() if p.requires_grad}
+    return {n: p.detach().contiguous() for n, p in model.named_parameters() if p.requires_grad}
 
 
 def save(root: Path, step: int, model: torch.nn.Module, optimizer_state: dict, state: dict, keep: int) -> Path:
