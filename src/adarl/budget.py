@@ -15,6 +15,8 @@ from adarl.types import Rollout
 class Budget:
     max_tokens: int | None = None  # total generated tokens allowed for the run
     tokens_per_step: int | None = None  # generated tokens an allocator may spend in one step
+    rollouts_per_step: int | None = None  # rollouts an allocator may spend in one step
+    expected_length: float = 1.0  # tokens per rollout assumed for prompts with no history
     total_tokens: int = 0
     total_rollouts: int = 0
     step_tokens: int = 0
@@ -39,6 +41,12 @@ class Budget:
         if self.max_tokens is not None:
             limits.append(self.max_tokens - self.total_tokens)
         return max(0, min(limits)) if limits else None
+
+    def step_rollouts_left(self) -> int | None:
+        """Rollouts still allowed this step (None = unlimited)."""
+        if self.rollouts_per_step is None:
+            return None
+        return max(0, self.rollouts_per_step - self.step_rollouts)
 
     def exhausted(self) -> bool:
         return self.max_tokens is not None and self.total_tokens >= self.max_tokens

@@ -25,8 +25,9 @@ STRICT = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
 
 _REGISTRY: dict[str, dict[str, type]] = {stage: {} for stage in STAGES}
 _BUILTINS = {
-    "select": ["adarl.select.uniform"],
-    "allocate": ["adarl.allocate.fixed"],
+    "select": ["adarl.select.uniform", "adarl.select.vade", "adarl.select.gdro", "adarl.select.curriculum"],
+    "allocate": ["adarl.allocate.fixed", "adarl.allocate.dapo", "adarl.allocate.dars", "adarl.allocate.xrpo",
+                 "adarl.allocate.gdro", "adarl.allocate.roc"],
     "advantage": ["adarl.advantage.grpo"],
     "loss": ["adarl.loss.ppo"],
 }

@@ -2,20 +2,92 @@
 
 Allocation may run in stages within one step: `plan` gives the first counts, `more` looks at
 the verified groups and asks for extra rollouts (an empty dict ends the step), and `finish`
-filters or down-samples the final groups. Every allocator spends only what `budget` allows.
+filters or down-samples the final groups. Every allocator spends only what `budget` allows:
+`fit` trims a request to the step's rollout allowance exactly, and to its token allowance
+by each prompt's expected length (the difficulty store's history).
 """
 
 from __future__ import annotations
 
 from typing import Any, Protocol
 
+import numpy as np
+
 from adarl.budget import Budget
+from adarl.select.store import DifficultyStore
 from adarl.types import Group, Problem, PromptId
 
 
 class RolloutAllocator(Protocol):
-    def plan(self, problems: list[Problem], store: Any, budget: Budget) -> dict[PromptId, int]: ...
+    def candidates(self, k: int) -> int:
+        """How many prompts the selector should offer for a step that trains on k."""
+        ...
 
-    def more(self, groups: list[Group], store: Any, budget: Budget) -> dict[PromptId, int]: ...
+    def plan(self, problems: list[Problem], store: DifficultyStore, budget: Budget) -> dict[PromptId, int]: ...
+
+    def more(self, groups: list[Group], store: DifficultyStore, budget: Budget) -> dict[PromptId, int]: ...
 
     def finish(self, groups: list[Group]) -> list[Group]: ...
+
+
+def _largest_remainder(weights: np.ndarray, total: int) -> np.ndarray:
+    """Integers proportional to `weights` summing to exactly `total` (Hamilton's method)."""
+    if total <= 0 or weights.sum() <= 0:
+        return np.zeros(len(weights), dtype=np.int64)
+    exact = weights * (total / weights.sum())
+    out = np.floor(exact).astype(np.int64)
+    short = total - int(out.sum())
+    if short > 0:
+        out[np.argsort(-(exact - out), kind="stable")[:short]] += 1
+    return out
+
+
+def fit(counts: dict[PromptId, int], budget: Budget, store: DifficultyStore | None = None) -> dict[PromptId, int]:
+    """Trim `counts` to what the budget still allows this step, proportionally.
+
+    Rollouts are capped exactly. Tokens are capped by expected length: a prompt's mean
+    completion length from the store, or `budget.expected_length` for prompts never seen.
+    """
+    ids = [q for q, n in counts.items() if n > 0]
+    want = np.array([counts[q] for q in ids], dtype=np.int64)
+    rollouts_left = budget.step_rollouts_left()
+    if rollouts_left is not None and want.sum() > rollouts_left:
+        want = np.minimum(want, _largest_remainder(want.astype(float), rollouts_left))
+    tokens_left = budget.step_tokens_left()
+    if tokens_left is not None and len(ids):
+        length = np.full(len(ids), float(budget.expected_length))
+        if store is not None:
+            known = store.mean_length[[store.index[q] for q in ids]]
+            length = np.where(np.isnan(known), length, np.maximum(known, 1.0))
+        if (want * length).sum() > tokens_left:
+            scaled = _largest_remainder(want * length, int(tokens_left)) / length
+            want = np.minimum(want, np.floor(scaled).astype(np.int64))
+    return {q: int(n) for q, n in zip(ids, want, strict=True) if n > 0}
+
+
+def subset(group: Group, keep: list[int]) -> Group:
+    """The group restricted to rollouts `keep` (rewards and correctness follow)."""
+    return Group(group.problem, group.prompt_ids, [group.rollouts[i] for i in keep],
+                 rewards=None if group.rewards is None else group.rewards[keep],
+                 reward_names=group.reward_names,
+                 correct=None if group.correct is None else group.correct[keep])
+
+
+def accuracy(group: Group) -> float:
+    return float(np.mean(group.correct)) if group.size else 0.0
+
+
+class Stateless:
+    """Mixin for allocators that keep nothing across steps."""
+
+    def candidates(self, k: int) -> int:
+        return k
+
+    def metrics(self) -> dict[str, Any]:
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass

@@ -1,4 +1,4 @@
-"""PromptSelector protocol: which problems a step trains on."""
+"""PromptSelector protocol: which training problems a step uses, reading the difficulty store."""
 
 from __future__ import annotations
 
@@ -6,12 +6,30 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from adarl.select.store import DifficultyStore
+
 
 class PromptSelector(Protocol):
-    def select(self, n_problems: int, k: int, rng: np.random.Generator) -> list[int]:
-        """Indices into the task's training problems for this step."""
+    def select(self, store: DifficultyStore, k: int, rng: np.random.Generator) -> list[int]:
+        """Indices into the task's training problems (and the store) for this step."""
+        ...
+
+    def observe(self, store: DifficultyStore, idx: np.ndarray) -> None:
+        """Called after the store was updated with the step's groups (prompts `idx`)."""
         ...
 
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+def candidates(store: DifficultyStore, m: int, rng: np.random.Generator) -> np.ndarray:
+    """m distinct prompt indices drawn uniformly (all of them if the store is smaller)."""
+    n = len(store)
+    if m >= n:
+        return rng.permutation(n)
+    # sampling with replacement then de-duplicating is O(m), unlike rng.choice(replace=False) on 1M
+    out = np.unique(rng.integers(0, n, size=int(m * 1.2) + 8))
+    while len(out) < m:
+        out = np.unique(np.concatenate([out, rng.integers(0, n, size=m)]))
+    return rng.permutation(out)[:m]

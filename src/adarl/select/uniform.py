@@ -8,6 +8,7 @@ import numpy as np
 from pydantic.dataclasses import dataclass
 
 from adarl.registry import STRICT, register
+from adarl.select.store import DifficultyStore
 
 
 @register("select", "uniform")
@@ -18,7 +19,8 @@ class Uniform:
         self.cursor = 0
         self.epoch = 0
 
-    def select(self, n_problems: int, k: int, rng: np.random.Generator) -> list[int]:
+    def select(self, store: DifficultyStore, k: int, rng: np.random.Generator) -> list[int]:
+        n_problems = len(store)
         chosen: list[int] = []
         while len(chosen) < k:
             if self.cursor >= len(self.order):
@@ -29,6 +31,9 @@ class Uniform:
             chosen += take
             self.cursor += len(take)
         return chosen
+
+    def observe(self, store: DifficultyStore, idx: np.ndarray) -> None:
+        pass
 
     def state_dict(self) -> dict[str, Any]:
         return {"order": self.order, "cursor": self.cursor, "epoch": self.epoch}

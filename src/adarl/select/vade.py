@@ -1,0 +1,47 @@
+"""VADE: variance-aware prompt selection by Thompson sampling on Beta posteriors (§2.3).
+
+For each of M·B uniformly drawn candidates q:  p̃_q ~ Beta(α_q, β_q),
+score_q = p̃_q (1 − p̃_q)  (the Bernoulli variance: the expected GRPO signal), take the top B.
+Posteriors decay on two scales (short: each use; long: γ_l^Δt for Δt unseen steps), which the
+store applies; this selector sets the store's decay factors.
+Constants are adarl's reading of the abstract: γ_s = 0.5, γ_l = 0.99, M = 4 (all `_guess`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from pydantic import Field
+from pydantic.dataclasses import dataclass
+
+from adarl.registry import STRICT, register
+from adarl.select.base import candidates
+from adarl.select.store import DifficultyStore
+
+
+@register("select", "vade")
+@dataclass(config=STRICT)
+class Vade:
+    gamma_short: float = Field(0.5, gt=0.0, le=1.0)
+    gamma_long: float = Field(0.99, gt=0.0, le=1.0)
+    pool: float = Field(4.0, ge=1.0)  # M: candidates per selected prompt
+
+    def select(self, store: DifficultyStore, k: int, rng: np.random.Generator) -> list[int]:
+        store.gamma_short, store.gamma_long = self.gamma_short, self.gamma_long
+        pool = candidates(store, int(np.ceil(self.pool * k)), rng)
+        alpha, beta = store.posterior(pool)
+        p = rng.beta(alpha, beta)
+        score = p * (1.0 - p)
+        k = min(k, len(pool))
+        top = np.argpartition(-score, k - 1)[:k]
+        return pool[top[np.argsort(-score[top])]].tolist()
+
+    def observe(self, store: DifficultyStore, idx: np.ndarray) -> None:
+        pass
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
