@@ -4,3 +4,8 @@
 def fraction_of_a(prompts, completions, **columns):
     """A trivially learnable reward: the share of 'a' characters in the completion."""
     return [c.count("a") / max(len(c), 1) for c in completions]
+
+
+def contains_a(prompts, completions, **columns):
+    """A 0/1 reward a random tiny model earns now and then: the completion contains an 'a'."""
+    return [float("a" in c) for c in completions]

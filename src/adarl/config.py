@@ -37,7 +37,7 @@ class ModelConfig(Section):
 
 
 class TaskConfig(Section):
-    source: Literal["reasoning_gym", "jsonl"] = "reasoning_gym"
+    source: Literal["reasoning_gym", "jsonl", "humaneval"] = "reasoning_gym"
     # reasoning_gym
     name: str | None = None  # generator name, e.g. basic_arithmetic
     params: dict[str, Any] = {}
@@ -46,6 +46,8 @@ class TaskConfig(Section):
     path: str | None = None
     eval_path: str | None = None  # optional separate eval file; otherwise a held-out split
     fields: dict[str, str] = {"id": "id", "prompt": "prompt", "answer": "answer"}
+    skip_bad_lines: bool = False  # skip (and count) malformed lines instead of stopping
+    max_bad_fraction: float = Field(0.1, ge=0.0, le=1.0)  # more bad lines than this is an error
     # both
     eval_size: int = Field(100, ge=0)
     system_prompt: str | None = None
@@ -68,7 +70,7 @@ class TaskConfig(Section):
 
 
 class RewardConfig(Section):
-    type: Literal["short_answer", "math", "format", "callable"]
+    type: Literal["short_answer", "math", "format", "callable", "code"]
     name: str | None = None  # metric name; defaults to the type (or the function name)
     weight: float = 1.0
     correctness: bool | None = None  # counts as "correct" for pass rates; default: all but format
@@ -79,6 +81,9 @@ class RewardConfig(Section):
     pattern: str | None = None  # a regex the completion must match (re.search); default: <answer> tags
     # callable: "package.module:function", TRL signature f(prompts, completions, **columns) -> list[float]
     function: str | None = None
+    # code: the program runs in the sandbox (adarl.rewards.sandbox) with these limits
+    sandbox_timeout_s: float = Field(5.0, gt=0)  # wall clock (and CPU) seconds per program
+    sandbox_memory_mb: int = Field(512, ge=64)  # address space per process
 
     @model_validator(mode="after")
     def _check(self) -> RewardConfig:
@@ -101,6 +106,7 @@ class BudgetConfig(Section):
     max_tokens: int | None = Field(None, gt=0)  # stop once this many tokens were generated
     prompts_per_step: int = Field(8, gt=0)
     tokens_per_step: int | None = Field(None, gt=0)  # an allocator may not spend more in a step
+    rollouts_per_step: int | None = Field(None, gt=0)  # nor more rollouts than this
 
 
 class TrainConfig(Section):

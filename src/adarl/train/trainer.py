@@ -8,7 +8,9 @@ The trainer composes stages and knows nothing about which method each one is.
 
 from __future__ import annotations
 
+import json
 import random
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -25,12 +27,23 @@ from adarl.metrics.sinks import MetricsWriter
 from adarl.models import chat_ids, load_model, load_reference
 from adarl.rewards import Rewards
 from adarl.rollout.hf import HfGenerator
+from adarl.select.store import DifficultyStore
 from adarl.tasks.base import build_task
 from adarl.train import checkpoint
+from adarl.train.checkpoint import crash_point
 from adarl.train.logprobs import completion_logprobs, pack
 from adarl.types import Batch, Group, Problem, Request, Rollout
 
 TIMING_KEYS = ("generate_s", "verify_s", "train_s", "eval_s", "step_s", "tokens_per_s", "wall_s")
+MAX_BAD_UPDATES = 3  # updates in a row with a non-finite loss or gradient that stop the run
+
+
+class NonFiniteUpdates(RuntimeError):
+    """Training stopped: MAX_BAD_UPDATES updates in a row had a NaN/inf loss or gradient."""
+
+
+class ResumeError(ValueError):
+    """The run directory's checkpoint cannot be loaded into this recipe's model (nothing was written)."""
 
 
 class Trainer:
@@ -45,6 +58,7 @@ class Trainer:
             torch.use_deterministic_algorithms(True, warn_only=True)
 
         self.task = build_task(recipe.task, recipe.seed)
+        self._check_feasible()
         self.rewards = Rewards(recipe.rewards, workers=recipe.reward_workers, timeout_s=recipe.reward_timeout_s)
         self.model, self.tokenizer = load_model(recipe.model, for_training=True)
         self.loss_fn = registry.build("loss", recipe.loss)
@@ -55,9 +69,10 @@ class Trainer:
         self.allocator = registry.build("allocate", recipe.allocate)
         self.estimator = registry.build("advantage", recipe.advantage)
         self.generator = HfGenerator(self.model, self.tokenizer, recipe.rollout, seed=recipe.seed)
-        self.budget = Budget(recipe.budget.max_tokens, recipe.budget.tokens_per_step)
+        self.budget = Budget(recipe.budget.max_tokens, recipe.budget.tokens_per_step,
+                             recipe.budget.rollouts_per_step, expected_length=recipe.rollout.max_new_tokens)
         self.np_rng = np.random.default_rng(recipe.seed)
-        self.store: Any = None  # the difficulty store (select/) plugs in here
+        self.store = DifficultyStore([p.id for p in self.task.train])
         params = [p for p in self.model.parameters() if p.requires_grad]
         t = recipe.train
         self.optimizer = torch.optim.AdamW(params, lr=t.lr, betas=t.betas, weight_decay=t.weight_decay)
@@ -68,10 +83,34 @@ class Trainer:
             self.model.gradient_checkpointing_enable()
         self.pad_id = self.generator.pad_id
         self._prompt_cache: dict[str, list[int]] = {}
-        self.skipped_updates = 0
+        self.skipped_updates = 0  # optimizer updates skipped for a non-finite loss or gradient
+        self.bad_updates_in_a_row = 0
+        self._poisoned = False  # a micro-batch of the pending update had a non-finite loss
         self.wall_offset = 0.0
 
     # ---------------------------------------------------------------- setup
+
+    def _check_feasible(self) -> None:
+        """Budgets the task cannot meet are errors before any model loads (ValueError)."""
+        b, n_train = self.recipe.budget, len(self.task.train)
+        if b.prompts_per_step > n_train:
+            raise ValueError(
+                f"budget.prompts_per_step is {b.prompts_per_step} but the task has only {n_train} training "
+                f"problems (after holding out task.eval_size={self.recipe.task.eval_size}); "
+                "lower budget.prompts_per_step or add problems"
+            )
+        for key, limit in (("tokens_per_step", b.tokens_per_step), ("max_tokens", b.max_tokens)):
+            if limit is not None and limit < b.prompts_per_step:
+                raise ValueError(
+                    f"budget.{key} is {limit}, less than one step needs: at least one generated token for "
+                    f"each of the budget.prompts_per_step={b.prompts_per_step} prompts"
+                )
+        size = self.recipe.eval.size
+        if size is not None and size > len(self.task.eval):
+            raise ValueError(
+                f"eval.size is {size} but only {len(self.task.eval)} problems are held out "
+                f"(task.eval_size={self.recipe.task.eval_size}); lower eval.size or raise task.eval_size"
+            )
 
     @staticmethod
     def _seed_everything(seed: int) -> None:
@@ -100,6 +139,7 @@ class Trainer:
     def rollout_and_verify(self, counts: dict[str, int], problems: dict[str, Problem],
                            groups: dict[str, Group], metrics: dict[str, float]) -> None:
         requests = [Request(pid, self.prompt_ids(problems[pid]), n) for pid, n in counts.items() if n > 0]
+        crash_point("generate", self.step + 1)
         t0 = time.perf_counter()
         rollouts = self.generator.generate(requests)
         metrics["generate_s"] = metrics.get("generate_s", 0.0) + time.perf_counter() - t0
@@ -108,10 +148,12 @@ class Trainer:
         for r in rollouts:
             by_prompt.setdefault(r.prompt_id, []).append(r)
         fresh = [Group(problems[pid], self.prompt_ids(problems[pid]), rs) for pid, rs in by_prompt.items()]
+        crash_point("verify", self.step + 1)
         t0 = time.perf_counter()
         for key, value in self.rewards.score(fresh).items():
             metrics[key] = metrics.get(key, 0.0) + value if key.startswith(("reward_", "verify")) else value
         metrics["verify_s"] = metrics.get("verify_s", 0.0) + time.perf_counter() - t0
+        self.store.update(fresh, self.step + 1)
         for g in fresh:
             old = groups.get(g.problem.id)
             if old is None:
@@ -125,19 +167,29 @@ class Trainer:
         t_step = time.perf_counter()
         metrics: dict[str, float] = {}
         self.budget.start_step()
-        chosen = self.selector.select(len(self.task.train), self.recipe.budget.prompts_per_step, self.np_rng)
+        k = self.recipe.budget.prompts_per_step
+        chosen = self.selector.select(self.store, self.allocator.candidates(k), self.np_rng)
         problems = {p.id: p for p in (self.task.train[i] for i in chosen)}
+        metrics.update(self._selection_metrics(chosen))
         groups: dict[str, Group] = {}
         counts = self.allocator.plan(list(problems.values()), self.store, self.budget)
         while counts:
             self.rollout_and_verify(counts, problems, groups, metrics)
             counts = self.allocator.more(list(groups.values()), self.store, self.budget)
-        batch = Batch(self.allocator.finish(list(groups.values())))
-        metrics.update(self._batch_metrics(batch))
-        batch.advantages = self.estimator(batch)
+        generated = list(groups.values())
+        self.selector.observe(self.store, np.array([self.store.index[g.problem.id] for g in generated], dtype=np.int64))
+        batch = Batch(self.allocator.finish(generated))
+        metrics.update(self._batch_metrics(generated, batch))
+        metrics.update({f"allocate/{key}": value for key, value in self.allocator.metrics().items()})
         t0 = time.perf_counter()
-        metrics.update(self.update(batch))
+        if batch.groups:
+            batch.advantages = self.estimator(batch)
+            metrics["effective_token_fraction"] = self._effective_tokens(batch) / max(self.budget.step_tokens, 1)
+            metrics.update(self.update(batch))
+        else:  # every group was filtered out: nothing to learn from this step
+            metrics["effective_token_fraction"] = 0.0
         metrics["train_s"] = time.perf_counter() - t0
+        self.last_groups = generated
         self.generator.update_weights()
         self.step += 1
         metrics["step_s"] = time.perf_counter() - t_step
@@ -146,18 +198,41 @@ class Trainer:
         metrics["lr"] = self.scheduler.get_last_lr()[0]
         return metrics
 
+    def _selection_metrics(self, chosen: list[int]) -> dict[str, float]:
+        """The difficulty (posterior-mean pass rate) of the selected prompts, before this step."""
+        p = self.store.pass_estimate(np.asarray(chosen, dtype=np.int64))
+        q25, q50, q75 = np.quantile(p, [0.25, 0.5, 0.75]) if len(p) else (np.nan,) * 3
+        return {"selected/pass_estimate_mean": float(p.mean()) if len(p) else float("nan"),
+                "selected/pass_estimate_q25": float(q25), "selected/pass_estimate_q50": float(q50),
+                "selected/pass_estimate_q75": float(q75),
+                "selected/unseen_fraction": float(np.mean(self.store.last_step[chosen] < 0)) if chosen else 0.0}
+
     @staticmethod
-    def _batch_metrics(batch: Batch) -> dict[str, float]:
-        rollouts = batch.rollouts
+    def _effective_tokens(batch: Batch) -> int:
+        """Generated tokens that carry a non-zero advantage."""
+        return int(sum(len(r) for r, a in zip(batch.rollouts, batch.advantages, strict=True) if a != 0.0))
+
+    @staticmethod
+    def _batch_metrics(generated: list[Group], batch: Batch) -> dict[str, Any]:
+        """Statistics of everything generated this step, and of what survived to the loss."""
+        rollouts = [r for g in generated for r in g.rollouts]
         lengths = np.array([len(r) for r in rollouts])
-        correct = np.concatenate([g.correct for g in batch.groups])
+        correct = np.concatenate([g.correct for g in generated])
+        rewards = np.concatenate([g.reward for g in generated])
+        sizes = np.array([g.size for g in generated])
         return {
-            "reward": float(batch.rewards.mean()),
+            "reward": float(rewards.mean()),
             "pass_rate": float(correct.mean()),
-            "zero_variance_fraction": float(np.mean([g.zero_variance for g in batch.groups])),
-            "groups": len(batch.groups),
+            "zero_variance_fraction": float(np.mean([g.zero_variance for g in generated])),
+            "groups": len(generated),
+            "trained_groups": len(batch.groups),
             "response_length": float(lengths.mean()),
             "truncated_fraction": float(np.mean([r.finish_reason == "length" for r in rollouts])),
+            "rollouts_per_prompt_mean": float(sizes.mean()),
+            "rollouts_per_prompt_min": int(sizes.min()),
+            "rollouts_per_prompt_max": int(sizes.max()),
+            "rollouts_per_prompt_hist": {str(n): int(c) for n, c in zip(*np.unique(sizes, return_counts=True),
+                                                                         strict=True)},
         }
 
     # ---------------------------------------------------------------- update
@@ -192,6 +267,8 @@ class Trainer:
                 return self._forward(rows, grad=False)[1]
 
     def update(self, batch: Batch) -> dict[str, float]:
+        crash_point("backward", self.step + 1)
+        skipped_before = self.skipped_updates
         rollouts = batch.rollouts
         prompts = [g.prompt_ids for g in batch.groups for _ in g.rollouts]
         rows = [(p, r.completion_ids) for p, r in zip(prompts, rollouts, strict=True)]
@@ -206,7 +283,8 @@ class Trainer:
         active = [i for i in range(len(rollouts)) if kl_on or adv[i] != 0.0]
         sums: dict[str, float] = {"tokens_trained": 0.0}
         if not active:
-            return {"trained_fraction": 0.0, "skipped_updates": float(self.skipped_updates)}
+            return {"trained_fraction": 0.0, "skipped_updates": float(self.skipped_updates),
+                    "step_skipped_updates": 0.0}
 
         self.model.train()
         old_logp: dict[int, torch.Tensor] = {}
@@ -233,6 +311,7 @@ class Trainer:
         out["grad_norm"] = float(np.mean(grad_norms))
         out["trained_fraction"] = len(active) / len(rollouts)
         out["skipped_updates"] = float(self.skipped_updates)
+        out["step_skipped_updates"] = float(self.skipped_updates - skipped_before)
         return out
 
     def _micro_step(self, micro, rows, adv, weight, old_logp, on_policy, kl_on, sums) -> None:
@@ -249,7 +328,10 @@ class Trainer:
         w = torch.tensor([weight[i] for i in micro], dtype=torch.float32)[:, None]
         per_token, stats = self.loss_fn(logp, old, a, mask, ref_logp=ref)
         loss = (per_token * mask * w).sum()
-        loss.backward()
+        if torch.isfinite(loss):
+            loss.backward()
+        else:  # never backpropagate NaN/inf into the gradients: the whole update is skipped
+            self._poisoned = True
         # token-summed statistics; divided by the trained token count at the end of the step
         sums["tokens_trained"] += float(mask.sum())
         sums["loss"] = sums.get("loss", 0.0) + float((per_token.detach() * mask).sum())
@@ -258,20 +340,31 @@ class Trainer:
             sums[key] = sums.get(key, 0.0) + float((value * mask).sum())
 
     def _optimizer_step(self) -> float:
+        """Apply the accumulated gradients, unless the loss or the gradient is not finite.
+
+        A skipped update leaves the weights, the optimizer moments and the lr schedule untouched
+        and is counted (`skipped_updates`); MAX_BAD_UPDATES in a row stop the run (`run`).
+        """
         params = [p for p in self.model.parameters() if p.requires_grad]
         clip = self.recipe.train.max_grad_norm
-        norm = torch.nn.utils.clip_grad_norm_(params, clip if clip is not None else float("inf"))
-        if torch.isfinite(norm):
+        norm = float("nan")
+        if not self._poisoned:
+            norm = float(torch.nn.utils.clip_grad_norm_(params, clip if clip is not None else float("inf")))
+        if np.isfinite(norm):
             self.optimizer.step()
             self.scheduler.step()
-        else:  # a non-finite gradient would poison the weights: skip the update and count it
+            self.bad_updates_in_a_row = 0
+        else:  # a non-finite loss or gradient would poison the weights: skip the update and count it
             self.skipped_updates += 1
+            self.bad_updates_in_a_row += 1
+        self._poisoned = False
         self.optimizer.zero_grad(set_to_none=True)
-        return float(norm)
+        return norm
 
     # ---------------------------------------------------------------- evaluation
 
     def evaluate(self) -> dict[str, float]:
+        crash_point("eval", self.step)
         cfg = self.recipe.eval
         problems = self.task.eval[: cfg.size] if cfg.size else self.task.eval
         if not problems:
@@ -310,44 +403,56 @@ class Trainer:
             "step": self.step,
             "budget": self.budget.state_dict(),
             "selector": self.selector.state_dict(),
+            "allocator": self.allocator.state_dict(),
             "generator": self.generator.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "np_rng": self.np_rng.bit_generator.state,
             "torch_rng": torch.get_rng_state(),
             "python_rng": random.getstate(),
             "skipped_updates": self.skipped_updates,
+            "bad_updates_in_a_row": self.bad_updates_in_a_row,
             "wall_s": self.wall_offset,
-            "store": self.store.state_dict() if self.store is not None else None,
+            "store": self.store.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step = state["step"]
         self.budget.load_state_dict(state["budget"])
         self.selector.load_state_dict(state["selector"])
+        self.allocator.load_state_dict(state["allocator"])
         self.generator.load_state_dict(state["generator"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.np_rng.bit_generator.state = state["np_rng"]
         torch.set_rng_state(state["torch_rng"])
         random.setstate(state["python_rng"])
         self.skipped_updates = state["skipped_updates"]
+        self.bad_updates_in_a_row = state.get("bad_updates_in_a_row", 0)
         self.wall_offset = state["wall_s"]
-        if self.store is not None and state.get("store") is not None:
-            self.store.load_state_dict(state["store"])
+        self.store.load_state_dict(state["store"])
 
     def save_checkpoint(self) -> Path:
-        return checkpoint.save(
+        crash_point("checkpoint", self.step)
+        path = checkpoint.save(
             self.run_dir / "checkpoints", self.step, self.model, self.optimizer.state_dict(),
             self.state_dict(), keep=self.recipe.checkpoint.keep,
         )
+        self.store.to_parquet(self.run_dir / "store.parquet")  # the difficulty store, for users to query
+        return path
 
     def resume(self) -> bool:
-        """Load the latest complete checkpoint, if any; drop metrics rows written after it."""
+        """Load the latest complete checkpoint, if any (`run` then drops the metrics rows after it)."""
         path = checkpoint.latest(self.run_dir / "checkpoints")
         if path is None:
+            print(f"resume: no complete checkpoint in {self.run_dir}; starting from step 0",
+                  file=sys.stderr, flush=True)
             return False
-        optimizer_state, state = checkpoint.load(path, self.model)
-        self.optimizer.load_state_dict(optimizer_state)
-        self.load_state_dict(state)
+        try:
+            optimizer_state, state = checkpoint.load(path, self.model)
+            self.optimizer.load_state_dict(optimizer_state)
+            self.load_state_dict(state)
+        except (RuntimeError, ValueError, KeyError, OSError, EOFError) as err:
+            raise ResumeError(f"cannot resume {self.run_dir} from {path.name}: {err}") from err
+        print(f"resume: continuing {self.run_dir} from step {self.step} ({path.name})", file=sys.stderr, flush=True)
         return True
 
     # ---------------------------------------------------------------- the loop
@@ -357,45 +462,103 @@ class Trainer:
 
     def run(self, resume: bool = False) -> dict[str, float]:
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.yaml").write_text(dump_recipe(self.recipe))
         resumed = resume and self.resume()
+        if resumed:
+            self._truncate_prompt_log()
+        else:
+            (self.run_dir / self.PROMPT_LOG).unlink(missing_ok=True)
+        # written after a successful resume, whole or not at all (temp file + rename)
+        checkpoint.atomic_write_text(self.run_dir / "config.yaml", dump_recipe(self.recipe))
+        checkpoint.clean_stale(self.run_dir)  # a final.tmp/final.del of a killed attempt
+        # a run that starts at step 0 drops every row and event of an earlier (killed) attempt
         writer = MetricsWriter(self.run_dir, tensorboard=self.recipe.log.tensorboard,
-                               resume_step=self.step if resumed else None)
+                               resume_step=self.step if resumed else -1)
         last: dict[str, float] = {}
+        for old in MetricsWriter.read(self.run_dir) if resumed else ():
+            last.update(old)
+        first: dict[str, Any] = {}
+        if not resumed and self.task.skipped:
+            first = {"skipped_lines": self.task.skipped}
         t_start = time.perf_counter() - self.wall_offset
         try:
             if not resumed and self.recipe.eval.at_start:
-                row = {"step": 0, **self.budget.metrics(), **self.evaluate()}
+                row = {"step": 0, **first, **self.budget.metrics(), **self.evaluate()}
+                first = {}
+                crash_point("metrics", 0)
                 writer.write(row)
                 last.update(row)
             with Progress(self.max_steps, enabled=self.recipe.log.progress, start_step=self.step,
                           total_tokens=self.recipe.budget.max_tokens) as progress:
                 while not self.done():
-                    row = {"step": self.step + 1, **self.train_step()}
+                    row = {"step": self.step + 1, **first, **self.train_step()}
+                    first = {}
                     if self._due(self.recipe.eval.every):
                         row.update(self.evaluate())
                     self.wall_offset = time.perf_counter() - t_start
                     row["wall_s"] = self.wall_offset
+                    crash_point("metrics", self.step)
                     writer.write(row)
+                    self._log_prompts()
                     last.update(row)
                     progress.update(
                         self.step, reward=row["reward"], pass_rate=row["pass_rate"],
                         tokens_per_s=row["tokens_per_s"], tokens=row["tokens"],
                     )
-                    if self._due(self.recipe.checkpoint.every):
+                    saved = self._due(self.recipe.checkpoint.every)
+                    if saved:
                         self.save_checkpoint()
+                    if self.bad_updates_in_a_row >= MAX_BAD_UPDATES:
+                        self._stop_non_finite(saved)
             self.save_final()
         finally:
             writer.close()
             self.rewards.close()
         return last
 
+    PROMPT_LOG = "prompts.jsonl"
+
+    def _log_prompts(self) -> None:
+        """One line per prompt of the step: how many rollouts it got, how many were correct."""
+        with open(self.run_dir / self.PROMPT_LOG, "a", encoding="utf-8") as f:
+            for g in self.last_groups:
+                f.write(json.dumps({"step": self.step, "prompt_id": g.problem.id, "n": g.size,
+                                    "correct": int(g.correct.sum()), "lengths": [len(r) for r in g.rollouts]}) + "\n")
+
+    def _truncate_prompt_log(self) -> None:
+        """Drop prompt-log lines of steps after the checkpoint being resumed (atomically)."""
+        path = self.run_dir / self.PROMPT_LOG
+        if not path.exists():
+            return
+        kept = []
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                if json.loads(line)["step"] <= self.step:
+                    kept.append(line + "\n")
+            except (ValueError, KeyError, TypeError):  # a line torn by a kill
+                continue
+        checkpoint.atomic_write_text(path, "".join(kept))
+
+    def _stop_non_finite(self, saved: bool) -> None:
+        """Save the last good state (skipped updates never touched the weights) and stop."""
+        path = checkpoint.latest(self.run_dir / "checkpoints") if saved else self.save_checkpoint()
+        raise NonFiniteUpdates(
+            f"training stopped at step {self.step}: the last {self.bad_updates_in_a_row} updates had a "
+            f"non-finite (NaN/inf) loss or gradient and were skipped ({self.skipped_updates} skipped in all). "
+            f"The weights are those of the last good update, saved in {path}. Lower train.lr, set "
+            f"train.max_grad_norm or check the rewards, then continue with: adarl train --resume {self.run_dir}"
+        )
+
     def save_final(self) -> None:
-        out = self.run_dir / "final"
+        """`final/`: a Hugging Face folder, written under `final.tmp/` and renamed when complete."""
+        crash_point("final", self.step)
         model = self.model
         if hasattr(model, "merge_and_unload"):
             import copy
 
             model = copy.deepcopy(model).merge_and_unload()
-        model.save_pretrained(out)
-        self.tokenizer.save_pretrained(out)
+
+        def write(out: Path) -> None:
+            model.save_pretrained(out)
+            self.tokenizer.save_pretrained(out)
+
+        checkpoint.save_dir(self.run_dir / "final", write, phase="final", step=self.step)
