@@ -33,3 +33,16 @@ def candidates(store: DifficultyStore, m: int, rng: np.random.Generator) -> np.n
     while len(out) < m:
         out = np.unique(np.concatenate([out, rng.integers(0, n, size=m)]))
     return rng.permutation(out)[:m]
+
+
+class Stateless:
+    """Mixin for selectors that learn nothing across steps beyond what the store holds."""
+
+    def observe(self, store: DifficultyStore, idx: np.ndarray) -> None:
+        pass
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass

@@ -7,20 +7,18 @@ Unseen prompts have estimate 0.5 and so start inside the default band.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 from pydantic import Field, model_validator
 from pydantic.dataclasses import dataclass
 
 from adarl.registry import STRICT, register
-from adarl.select.base import candidates
+from adarl.select.base import Stateless, candidates
 from adarl.select.store import DifficultyStore
 
 
 @register("select", "curriculum")
 @dataclass(config=STRICT)
-class Curriculum:
+class Curriculum(Stateless):
     low: float = Field(0.2, ge=0.0, le=1.0)
     high: float = Field(0.8, ge=0.0, le=1.0)
     pool: float = Field(4.0, ge=1.0)
@@ -37,12 +35,3 @@ class Curriculum:
         distance = np.maximum(self.low - p, 0.0) + np.maximum(p - self.high, 0.0)
         order = np.lexsort((rng.random(len(pool)), distance))  # in-band first, ties random
         return pool[order[:k]].tolist()
-
-    def observe(self, store: DifficultyStore, idx: np.ndarray) -> None:
-        pass
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass

@@ -9,20 +9,18 @@ Constants are adarl's reading of the abstract: γ_s = 0.5, γ_l = 0.99, M = 4 (a
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 from pydantic import Field
 from pydantic.dataclasses import dataclass
 
 from adarl.registry import STRICT, register
-from adarl.select.base import candidates
+from adarl.select.base import Stateless, candidates
 from adarl.select.store import DifficultyStore
 
 
 @register("select", "vade")
 @dataclass(config=STRICT)
-class Vade:
+class Vade(Stateless):
     gamma_short: float = Field(0.5, gt=0.0, le=1.0)
     gamma_long: float = Field(0.99, gt=0.0, le=1.0)
     pool: float = Field(4.0, ge=1.0)  # M: candidates per selected prompt
@@ -36,12 +34,3 @@ class Vade:
         k = min(k, len(pool))
         top = np.argpartition(-score, k - 1)[:k]
         return pool[top[np.argsort(-score[top])]].tolist()
-
-    def observe(self, store: DifficultyStore, idx: np.ndarray) -> None:
-        pass
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass
