@@ -34,13 +34,15 @@ class Budget:
         self.total_rollouts += len(rollouts)
 
     def step_tokens_left(self) -> int | None:
-        """Tokens still allowed this step (None = unlimited)."""
-        limits = []
-        if self.tokens_per_step is not None:
-            limits.append(self.tokens_per_step - self.step_tokens)
-        if self.max_tokens is not None:
-            limits.append(self.max_tokens - self.total_tokens)
-        return max(0, min(limits)) if limits else None
+        """Tokens still allowed this step (None = unlimited).
+
+        Only `tokens_per_step` limits a step. `max_tokens` ends the run once it is reached, so
+        the last step may overshoot it by less than one step: trimming the last step to the
+        remainder would train on a batch no other step looks like.
+        """
+        if self.tokens_per_step is None:
+            return None
+        return max(0, self.tokens_per_step - self.step_tokens)
 
     def step_rollouts_left(self) -> int | None:
         """Rollouts still allowed this step (None = unlimited)."""

@@ -1,4 +1,4 @@
-"""The `adarl` command line: train (and, as they land, eval, compare, report)."""
+"""The `adarl` command line: train, eval, compare, report."""
 
 from __future__ import annotations
 
@@ -64,16 +64,182 @@ def train(
     except (ValueError, ImportError) as err:
         _fail(str(err))
 
-    from adarl.train.trainer import Trainer
+    from adarl.train.trainer import NonFiniteUpdates, ResumeError, Trainer
 
     try:
         trainer = Trainer(loaded, target)
     except (FileNotFoundError, ValueError) as err:
         _fail(str(err))
-    last = trainer.run(resume=resume is not None)
+    try:
+        last = trainer.run(resume=resume is not None)
+    except NonFiniteUpdates as err:  # a diverged run: a usable checkpoint was saved; exit code 3
+        typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(code=3) from None
+    except ResumeError as err:
+        _fail(str(err))
     keys = [k for k in ("step", "tokens", "reward", "pass_rate", "eval/pass@1") if k in last]
     typer.echo("done: " + ", ".join(f"{k}={last[k]:.4g}" if isinstance(last[k], float) else f"{k}={last[k]}"
                                    for k in keys) + f"  (run directory: {target})")
+
+
+EVAL_HELP = (
+    "Held-out pass@k (unbiased estimator), avg@k, greedy pass@1 and mean length of a model, run or checkpoint."
+    "\n\n"
+    "Every held-out problem of each task gets one greedy completion and N sampled ones (with the run's or "
+    "recipe's rollout settings). pass@k is 1 - C(n-c, k) / C(n, k) averaged over problems; avg@k is the mean "
+    "accuracy of the first k samples. Prints a table (one row per task) and writes JSON with per-problem c/n."
+)
+
+COMPARE_HELP = (
+    "Train each recipe with each seed under the same generated-token budget, then aggregate."
+    "\n\n"
+    "Each run is `adarl train RECIPE seed=K budget.max_tokens=N budget.max_steps=null` in its own process, "
+    "in OUT/<recipe name>/seed<K>/. Run the same command again to continue an interrupted comparison: "
+    "finished runs are skipped, runs with a checkpoint are resumed, others start over."
+    "\n\n"
+    "Runs go one after another on this machine. With --ray ADDRESS (the ray package installed, OUT on a "
+    "filesystem every node sees) each run is a Ray task with one CPU."
+    "\n\n"
+    "Prints a table and writes OUT/comparison.json: final held-out pass@1 with a 95% t-interval over seeds, "
+    "generated tokens to reach a target pass@1 (default: the first recipe's final mean), tokens, steps and "
+    "wall time; then OUT/report.html."
+)
+
+REPORT_HELP = (
+    "Write RUN_OR_COMPARISON/report.html: one self-contained page (plots embedded, no network)."
+    "\n\n"
+    "Learning curves against generated tokens (mean and min-max band over seeds), pass@k curves (from "
+    "`adarl eval` JSON in the run), response lengths, entropy, zero-variance fraction, rollouts per prompt, "
+    "prompt x step heat maps of difficulty and allocation (when the run has a prompts.jsonl) and the resolved "
+    "recipes side by side."
+)
+
+
+@app.command("eval", help=EVAL_HELP)
+def eval_(
+    model_or_run: Annotated[str, typer.Argument(
+        help="a model (alias such as smollm2-135m, HF folder, .gguf file), a run directory (its final/ "
+             "model, else its latest checkpoint) or a checkpoint directory (checkpoints/step_N)")],
+    task: Annotated[list[str] | None, typer.Option(
+        "--task", help="a recipe YAML (its task and rewards) or a reasoning-gym generator name (scored with "
+                       "the default short_answer reward); repeat for several tasks. Default: the run's own "
+                       "task")] = None,
+    k: Annotated[str, typer.Option("--k", help="k values for pass@k and avg@k, comma-separated")] = "1,4,16",
+    n: Annotated[int | None, typer.Option("--n", min=0, help="sampled completions per problem "
+                                                              "(default: the largest k; 0: greedy only)")] = None,
+    size: Annotated[int | None, typer.Option("--size", min=1, help="evaluate only the first SIZE held-out "
+                                                                   "problems of each task (default: all)")] = None,
+    out: Annotated[Path | None, typer.Option(
+        "--out", help="JSON file to write (default for a run: RUN/eval.json; for a checkpoint: "
+                      "RUN/eval_step_N.json; for a bare model: none)")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="sampling seed")] = 0,
+    task_seed: Annotated[int | None, typer.Option("--task-seed", help="seed of the task's train/held-out split "
+                                                                      "(default: the recipe's seed, else 0)")] = None,
+    temperature: Annotated[float | None, typer.Option("--temperature", help="default: the run's or recipe's "
+                                                                            "rollout.temperature")] = None,
+    max_new_tokens: Annotated[int | None, typer.Option("--max-new-tokens", min=1)] = None,
+    threads: Annotated[int | None, typer.Option("--threads", min=1, help="torch threads")] = None,
+) -> None:
+    from rich.console import Console
+
+    from adarl import evaluate as ev
+    from adarl.config import RecipeError
+
+    try:
+        ks = ev.parse_ks(k)
+        target = ev.resolve_target(model_or_run)
+        tasks = ev.resolve_tasks(task or [], target, task_seed)
+        for t in tasks:
+            for r in t.rewards:
+                if r.type == "callable" and r.function:
+                    from adarl.rewards import validate_callable
+
+                    validate_callable(r.function)
+        if n is not None and n > 0 and max(ks) > n:
+            _fail(f"pass@{max(ks)} needs at least {max(ks)} samples per problem; got --n {n}")
+    except (RecipeError, ValueError, FileNotFoundError, ImportError) as err:
+        _fail(str(err))
+    typer.echo(f"evaluating {target.describe()} on {', '.join(t.name for t in tasks)}", err=True)
+    try:
+        result = ev.run_eval(target, tasks, ks=ks, n=n, size=size, seed=seed, temperature=temperature,
+                             max_new_tokens=max_new_tokens, threads=threads)
+    except (ValueError, FileNotFoundError) as err:
+        _fail(str(err))
+    Console().print(ev.table(result.data))
+    path = out or ev.default_out(target)
+    if path is not None:
+        ev.write_json(result.data, path)
+        typer.echo(f"wrote {path}")
+
+
+@app.command(help=COMPARE_HELP)
+def compare(
+    recipes: Annotated[list[Path], typer.Argument(help="recipe YAML files; the first is the baseline")],
+    budget_tokens: Annotated[int, typer.Option("--budget-tokens", min=1,
+                                               help="generated tokens each run may spend (budget.max_tokens)")],
+    seeds: Annotated[int, typer.Option("--seeds", min=1, help="runs per recipe, with seed=0..SEEDS-1")] = 3,
+    out: Annotated[Path | None, typer.Option("--out", help="comparison directory "
+                                                            "(default: runs/compare-<recipe names>)")] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="dotted.key=value override for every recipe, "
+                                                                 "e.g. --set eval.every=2 (repeatable)")] = None,
+    target: Annotated[float | None, typer.Option("--target", help="pass@1 for 'tokens to reach target' (default: "
+                                                                  "the baseline's final mean pass@1)")] = None,
+    ray_address: Annotated[str | None, typer.Option(
+        "--ray", help="run the runs as Ray tasks on the cluster at this address (e.g. auto); needs the ray "
+                      "package and a shared filesystem")] = None,
+    report: Annotated[bool, typer.Option("--report/--no-report", help="write OUT/report.html")] = True,
+) -> None:
+    from rich.console import Console
+
+    from adarl import compare as cmp
+    from adarl.config import RecipeError
+
+    if ray_address is not None:
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            _fail("--ray needs the ray package: pip install 'adarl[ray]' (without --ray, runs are sequential)")
+    try:
+        jobs = cmp.plan(recipes, range(seeds), budget_tokens, Path("."), set_ or [])
+        for r in recipes:  # fail fast on a callable reward that does not import
+            from adarl.config import load_recipe
+            from adarl.rewards import validate_callable
+
+            for rw in load_recipe(r, set_ or []).rewards:
+                if rw.type == "callable" and rw.function:
+                    validate_callable(rw.function)
+    except (RecipeError, ValueError, ImportError) as err:
+        _fail(str(err))
+    names = list(dict.fromkeys(j.name for j in jobs))
+    out = out or Path("runs") / ("compare-" + "-vs-".join(names))
+    typer.echo(f"comparing {', '.join(names)} × {seeds} seed{'s' if seeds > 1 else ''} at "
+               f"{budget_tokens} generated tokens each, in {out}")
+    result = cmp.compare(recipes, seeds, budget_tokens, out, extra=set_ or [], target=target,
+                         ray_address=ray_address, echo=typer.echo)
+    Console().print(cmp.table(result))
+    typer.echo(f"wrote {out / cmp.COMPARISON_FILE}")
+    if report:
+        from adarl.metrics.report import write_report
+
+        typer.echo(f"wrote {write_report(out)}")
+    failed = [run["dir"] for rec in result["recipes"] for run in rec["runs"] if run["status"] != "finished"]
+    if failed:
+        typer.secho(f"{len(failed)} run(s) did not finish: {', '.join(failed)}; run the same command again "
+                    "to resume them", fg=typer.colors.YELLOW, err=True)
+        raise typer.Exit(code=1)
+
+
+@app.command(help=REPORT_HELP)
+def report(
+    run_or_comparison: Annotated[Path, typer.Argument(help="a run directory or an `adarl compare` directory")],
+) -> None:
+    from adarl.metrics.report import write_report
+
+    try:
+        path = write_report(run_or_comparison)
+    except (FileNotFoundError, ValueError) as err:
+        _fail(str(err))
+    typer.echo(f"wrote {path}")
 
 
 if __name__ == "__main__":

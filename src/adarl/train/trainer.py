@@ -215,6 +215,8 @@ class Trainer:
     @staticmethod
     def _batch_metrics(generated: list[Group], batch: Batch) -> dict[str, Any]:
         """Statistics of everything generated this step, and of what survived to the loss."""
+        if not generated:  # the allocator had no budget left to spend
+            return {"groups": 0, "trained_groups": 0}
         rollouts = [r for g in generated for r in g.rollouts]
         lengths = np.array([len(r) for r in rollouts])
         correct = np.concatenate([g.correct for g in generated])
@@ -501,7 +503,7 @@ class Trainer:
                     self._log_prompts()
                     last.update(row)
                     progress.update(
-                        self.step, reward=row["reward"], pass_rate=row["pass_rate"],
+                        self.step, reward=row.get("reward"), pass_rate=row.get("pass_rate"),
                         tokens_per_s=row["tokens_per_s"], tokens=row["tokens"],
                     )
                     saved = self._due(self.recipe.checkpoint.every)
@@ -513,6 +515,12 @@ class Trainer:
         finally:
             writer.close()
             self.rewards.close()
+        try:
+            from adarl.metrics.report import write_report
+
+            write_report(self.run_dir)
+        except Exception as err:  # a report problem must never fail a finished run
+            print(f"report: not written: {err!r}", file=sys.stderr)
         return last
 
     PROMPT_LOG = "prompts.jsonl"

@@ -1,0 +1,307 @@
+"""`adarl compare`: aggregation over seeds on synthetic runs, skip/resume planning, one real tiny comparison."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from adarl import compare as cmp
+from adarl.config import dump_recipe, load_recipe
+
+# ---------------------------------------------------------------- synthetic runs (also used by test_report)
+
+
+def synthetic_config(name: str, seed: int, advantage: str = "grpo") -> str:
+    data = {
+        "name": name, "seed": seed,
+        "task": {"source": "reasoning_gym", "name": "basic_arithmetic", "eval_size": 50},
+        "advantage": {"name": advantage},
+        "loss": {"name": "ppo_clip", "agg": "token-mean" if advantage == "grpo" else "seq-mean-token-sum-norm"},
+        "budget": {"max_steps": None, "max_tokens": 1000},
+    }
+    return dump_recipe(load_recipe(data=data))
+
+
+def write_run(run_dir: Path, evals: dict[int, float], *, steps: int, tokens_per_step: int, seed: int = 0,
+              name: str = "base", advantage: str = "grpo", finished: bool = True, wall_per_step: float = 2.0,
+              prompts: bool = False, eval_json: bool = False) -> Path:
+    """A run directory as the trainer writes it: config.yaml, metrics.jsonl (eval rows at `evals` steps)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(synthetic_config(name, seed, advantage))
+    rng = np.random.default_rng(seed)
+    rows = []
+    for step in range(steps + 1):
+        row: dict = {"step": step, "tokens": step * tokens_per_step, "rollouts": step * 32}
+        if step:
+            progress = step / steps
+            row.update({
+                "reward": min(1.0, 0.2 + 0.6 * progress + 0.05 * rng.standard_normal()),
+                "pass_rate": min(1.0, 0.2 + 0.6 * progress),
+                "zero_variance_fraction": 0.6 - 0.3 * progress,
+                "entropy": 1.2 - 0.5 * progress + 0.02 * seed,
+                "response_length": 12 - 4 * progress,
+                "step_tokens": tokens_per_step, "step_rollouts": 32, "groups": 4,
+                "wall_s": step * wall_per_step,
+            })
+        if step in evals:
+            row["eval/pass@1"] = evals[step]
+        rows.append(row)
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if prompts:
+        with (run_dir / "prompts.jsonl").open("w") as f:
+            for step in range(1, steps + 1):
+                for i in range(4):
+                    pid = f"p{(step * 3 + i) % 10}"
+                    n = 4 + 4 * ((step + i) % 3)
+                    correct = int(rng.integers(0, n + 1))
+                    lengths = [int(v) for v in rng.integers(4, 20, size=n)]
+                    f.write(json.dumps({"step": step, "prompt_id": pid, "n": n, "correct": correct,
+                                        "lengths": lengths}) + "\n")
+    if eval_json:
+        curve = [1 - (1 - 0.3 - 0.05 * seed) ** k for k in range(1, 9)]
+        (run_dir / "eval.json").write_text(json.dumps({
+            "target": str(run_dir), "n": 8, "k": [1, 2, 4, 8],
+            "tasks": {"basic_arithmetic": {"problems": 10, "pass@k_curve": curve,
+                                           "pass@k": {str(k): curve[k - 1] for k in (1, 2, 4, 8)}}},
+        }))
+    if finished:
+        (run_dir / "final").mkdir(exist_ok=True)
+        (run_dir / "final" / "config.json").write_text("{}")
+    return run_dir
+
+
+def write_comparison(out: Path, prompts: bool = False, eval_json: bool = False) -> Path:
+    """Recipe A (3 seeds, 100 tokens/step) and B (2 finished seeds + 1 unfinished, 150 tokens/step)."""
+    a = {0: [0.2, 0.4, 0.5], 1: [0.2, 0.6, 0.6], 2: [0.2, 0.5, 0.7]}
+    for seed, (p0, p2, p4) in a.items():
+        write_run(out / "A" / f"seed{seed}", {0: p0, 2: p2, 4: p4}, steps=4, tokens_per_step=100, seed=seed,
+                  name="A", wall_per_step=10.0 + seed, prompts=prompts, eval_json=eval_json)
+    b = {0: [0.3, 0.65, 0.7], 1: [0.3, 0.55, 0.8]}
+    for seed, (p0, p2, p4) in b.items():
+        write_run(out / "B" / f"seed{seed}", {0: p0, 2: p2, 4: p4}, steps=4, tokens_per_step=150, seed=seed,
+                  name="B", advantage="drgrpo", wall_per_step=20.0, prompts=prompts, eval_json=eval_json)
+    write_run(out / "B" / "seed2", {0: 0.3, 2: 0.99}, steps=2, tokens_per_step=150, seed=2, name="B",
+              advantage="drgrpo", finished=False)
+    (out / "comparison.json").write_text(json.dumps({"budget_tokens": 400, "recipes": [{"name": "A"},
+                                                                                         {"name": "B"}]}))
+    return out
+
+
+# ---------------------------------------------------------------- the t interval
+
+
+def _t_cdf(t: float, df: int) -> float:
+    """Student-t CDF by Simpson's rule on the density (for checking the table)."""
+    x = np.linspace(0.0, t, 40001)
+    logc = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+    pdf = np.exp(logc - (df + 1) / 2 * np.log1p(x * x / df))
+    h = x[1] - x[0]
+    integral = h / 3 * (pdf[0] + pdf[-1] + 4 * pdf[1:-1:2].sum() + 2 * pdf[2:-1:2].sum())
+    return 0.5 + integral
+
+
+@pytest.mark.parametrize("df", [*range(1, 31), 35, 50, 120, 1000])
+def test_t975_is_the_975_quantile(df):
+    assert _t_cdf(cmp.t975(df), df) == pytest.approx(0.975, abs=2e-5)
+
+
+def test_mean_ci_by_hand():
+    out = cmp.mean_ci([0.5, 0.6, 0.7])
+    assert out["n"] == 3 and out["mean"] == pytest.approx(0.6) and out["std"] == pytest.approx(0.1)
+    half = 4.3027 * 0.1 / math.sqrt(3)  # t(0.975, 2) s / sqrt(n) = 0.24842
+    assert out["ci95"] == pytest.approx([0.6 - half, 0.6 + half])
+    one = cmp.mean_ci([0.4])
+    assert one["mean"] == 0.4 and one["ci95"] is None
+    assert cmp.mean_ci([])["mean"] is None
+
+
+# ---------------------------------------------------------------- aggregation
+
+
+def test_aggregate_synthetic_comparison(tmp_path):
+    result = cmp.aggregate_dir(write_comparison(tmp_path / "cmp"))
+    a, b = result["recipes"]
+    assert [a["name"], b["name"]] == ["A", "B"]
+    # A: finals 0.5, 0.6, 0.7 -> mean 0.6, s 0.1, half-width t(2) * 0.1 / sqrt(3)
+    assert a["finished"] == 3 and a["final_pass@1"]["mean"] == pytest.approx(0.6)
+    assert a["final_pass@1"]["ci95"] == pytest.approx([0.6 - 0.248417, 0.6 + 0.248417], abs=1e-5)
+    # B: seed2 has no final/ and does not count; finals 0.7, 0.8 -> half-width 12.7062 * 0.0707107 / sqrt(2)
+    assert b["finished"] == 2 and b["seeds"] == [0, 1, 2]
+    assert b["final_pass@1"]["mean"] == pytest.approx(0.75)
+    assert b["final_pass@1"]["ci95"] == pytest.approx([0.75 - 0.63531, 0.75 + 0.63531], abs=1e-5)
+    assert [r["status"] for r in b["runs"]] == ["finished", "finished", "incomplete"]
+    # target = baseline A's final mean 0.6; first eval row at or above it
+    assert result["target"] == {"pass@1": pytest.approx(0.6), "from": "baseline A final mean"}
+    assert a["tokens_to_target"] == {"per_seed": [None, 200, 400], "reached": 2, "of": 3, "mean": 300.0}
+    assert b["tokens_to_target"] == {"per_seed": [300, 600], "reached": 2, "of": 2, "mean": 450.0}
+    # wall time of the last row: A 4 steps x (10, 11, 12) s; tokens 400 and 600
+    assert a["wall_s"]["mean"] == pytest.approx(44.0) and b["wall_s"]["mean"] == pytest.approx(80.0)
+    assert a["tokens"]["mean"] == 400 and b["tokens"]["mean"] == 600 and b["steps"]["mean"] == 4
+    assert result["budget_tokens"] == 400
+
+    given = cmp.aggregate_dir(tmp_path / "cmp", target=0.65)
+    assert given["target"] == {"pass@1": 0.65, "from": "given"}
+    assert given["recipes"][0]["tokens_to_target"]["per_seed"] == [None, None, 400]
+    assert given["recipes"][1]["tokens_to_target"]["per_seed"] == [300, 600]
+
+    header, rows = cmp.summary_rows(result)
+    assert rows[0][:4] == ["A", "3/3", "0.600 [0.352, 0.848]", "300 (2/3 seeds)"]
+    assert rows[1][:4] == ["B", "2/3", "0.750 [0.115, 1.385]", "450"]
+    assert "0.600" in header[3]
+
+
+def test_find_runs_keeps_the_comparison_order(tmp_path):
+    out = write_comparison(tmp_path / "cmp")
+    (out / "comparison.json").write_text(json.dumps({"recipes": [{"name": "B"}, {"name": "A"}]}))
+    found = cmp.find_runs(out)
+    assert list(found) == ["B", "A"] and [s for s, _ in found["B"]] == [0, 1, 2]
+
+
+# ---------------------------------------------------------------- planning, skipping, resuming
+
+
+def _recipe_file(tmp_path: Path, name: str, advantage: str = "grpo") -> Path:
+    path = tmp_path / f"{name}.yaml"
+    data = yaml.safe_load(synthetic_config(name, 0, advantage))
+    data["budget"] = {"max_steps": 30, "prompts_per_step": 8}
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_plan_sets_seed_and_token_budget(tmp_path):
+    jobs = cmp.plan([_recipe_file(tmp_path, "a"), _recipe_file(tmp_path, "b", "drgrpo")], range(2), 5000,
+                    tmp_path / "out", ["eval.every=2"])
+    assert [(j.name, j.seed, j.run_dir.relative_to(tmp_path / "out").as_posix()) for j in jobs] == [
+        ("a", 0, "a/seed0"), ("a", 1, "a/seed1"), ("b", 0, "b/seed0"), ("b", 1, "b/seed1")]
+    assert jobs[1].overrides == ["seed=1", "eval.every=2", "budget.max_tokens=5000", "budget.max_steps=null"]
+    recipe = load_recipe(jobs[1].recipe, jobs[1].overrides)  # what the run will train with
+    assert recipe.seed == 1 and recipe.budget.max_tokens == 5000 and recipe.budget.max_steps is None
+
+
+def test_plan_gives_same_named_recipes_distinct_dirs(tmp_path):
+    (tmp_path / "x").mkdir()
+    first = _recipe_file(tmp_path, "same")
+    second = tmp_path / "x" / "other.yaml"
+    second.write_text(first.read_text())
+    jobs = cmp.plan([first, second], [0], 100, tmp_path / "out")
+    assert [j.name for j in jobs] == ["same", "other"]
+
+
+def test_rerun_skips_finished_resumes_checkpointed_restarts_the_rest(tmp_path):
+    recipe = _recipe_file(tmp_path, "a")
+    jobs = cmp.plan([recipe], range(4), 500, tmp_path / "out")
+    done, ckpt, crashed, fresh = (j.run_dir for j in jobs)
+    write_run(done, {0: 0.1, 2: 0.3}, steps=2, tokens_per_step=250)
+    write_run(ckpt, {0: 0.1}, steps=1, tokens_per_step=250, finished=False)
+    (ckpt / "checkpoints" / "step_000001").mkdir(parents=True)
+    for name in ("weights.safetensors", "optimizer.pt", "state.pt"):  # what makes a checkpoint complete
+        (ckpt / "checkpoints" / "step_000001" / name).write_bytes(b"x")
+    write_run(crashed, {0: 0.1}, steps=1, tokens_per_step=250, finished=False)  # died before a checkpoint
+    (crashed / "train.log").write_text("first attempt\n")
+
+    calls = []
+
+    def runner(command, log, cwd, env):
+        calls.append(command)
+        run_dir = Path(command[command.index("--resume") + 1] if "--resume" in command else command[-1])
+        if run_dir == fresh:
+            return 1  # a crash of one run does not stop the others
+        write_run(run_dir, {0: 0.1, 2: 0.4}, steps=2, tokens_per_step=250)
+        return 0
+
+    lines = []
+    status = cmp.run_jobs(jobs, echo=lines.append, runner=runner)
+    assert status == {done: "skipped", ckpt: "resumed", crashed: "finished", fresh: "failed (1)"}
+    assert len(calls) == 3
+    assert calls[0][-3:] == ["train", "--resume", str(ckpt)]
+    assert calls[1][-7:] == ["train", str(recipe), "seed=2", "budget.max_tokens=500", "budget.max_steps=null",
+                             "--run-dir", str(crashed)]
+    assert (crashed / "train.log").read_text() == "first attempt\n"  # the log survives the restart
+    assert any("skipped" in line for line in lines) and any("FAILED" in line for line in lines)
+
+
+# ---------------------------------------------------------------- a real comparison on the tiny model
+
+
+def test_compare_end_to_end_on_tiny_model(tiny_model_dir, tmp_path, monkeypatch):
+    """Two recipes, one seed, a 150-token budget, through `adarl train` subprocesses; a rerun skips them."""
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    from test_train import recipe_data, write_task
+
+    task = write_task(tmp_path)
+    paths = []
+    for name, adv, agg in (("grpo", "grpo", "token-mean"), ("drgrpo", "drgrpo", "seq-mean-token-sum-norm")):
+        data = recipe_data(tiny_model_dir, task, name=name, advantage={"name": adv},
+                           loss={"name": "ppo_clip", "agg": agg}, eval={"every": 1, "at_start": True},
+                           log={"tensorboard": False, "progress": False}, checkpoint={"every": 0})
+        data["budget"] = {"max_steps": 3, "prompts_per_step": 2}
+        data["allocate"] = {"name": "fixed", "n": 4}
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(data))
+        paths.append(tmp_path / f"{name}.yaml")
+    out = tmp_path / "cmp"
+    lines: list[str] = []
+    result = cmp.compare(paths, 1, 150, out, echo=lines.append)
+    assert [r["name"] for r in result["recipes"]] == ["grpo", "drgrpo"], lines
+    for rec in result["recipes"]:
+        run = rec["runs"][0]
+        assert run["status"] == "finished", (out / rec["name"] / "seed0" / "train.log").read_text()
+        rows = cmp.read_metrics(Path(run["dir"]))
+        last = rows[-1]
+        # stopped by the token budget (max_steps is null), within one step (2 prompts x 4 x 8 tokens) of it
+        assert 150 - 64 < last["tokens"] <= 150 + 64 and last["step"] >= 3
+        assert "eval/pass@1" in last and rec["final_pass@1"]["n"] == 1
+        config = yaml.safe_load((Path(run["dir"]) / "config.yaml").read_text())
+        assert config["budget"]["max_steps"] is None and config["budget"]["max_tokens"] == 150
+    saved = json.loads((out / "comparison.json").read_text())
+    assert saved["budget_tokens"] == 150 and saved["target"]["pass@1"] is not None
+    mtime = (out / "grpo" / "seed0" / "metrics.jsonl").stat().st_mtime_ns
+    lines.clear()
+    again = cmp.compare(paths, 1, 150, out, echo=lines.append)
+    assert sum("skipped" in line for line in lines) == 2
+    assert (out / "grpo" / "seed0" / "metrics.jsonl").stat().st_mtime_ns == mtime
+    assert again["recipes"][0]["final_pass@1"] == result["recipes"][0]["final_pass@1"]
+
+    from adarl.metrics.report import write_report
+
+    text = write_report(out).read_text()
+    # 6 curve panels (no eval JSON) + the prompt × step heat maps (pass rate, rollouts) from prompts.jsonl
+    assert text.count('src="data:image/png;base64,') == 8
+    assert "<td>grpo</td><td>1/1</td>" in text and "<td>drgrpo</td><td>1/1</td>" in text
+
+
+def test_cli_compare_checks_recipes_and_ray_before_running(tmp_path):
+    from typer.testing import CliRunner
+
+    from adarl.cli import app
+
+    recipe = _recipe_file(tmp_path, "a")
+    bad = CliRunner().invoke(app, ["compare", str(recipe), "--budget-tokens", "100", "--set", "rollout.temprature=1",
+                                   "--out", str(tmp_path / "out")])
+    assert bad.exit_code == 2 and "temperature" in bad.output and not (tmp_path / "out").exists()
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        result = CliRunner().invoke(app, ["compare", str(recipe), "--budget-tokens", "100", "--ray", "auto",
+                                          "--out", str(tmp_path / "out")])
+        assert result.exit_code == 2 and "ray" in result.output and not (tmp_path / "out").exists()
+
+
+def test_runs_as_ray_tasks(tmp_path, monkeypatch):
+    ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'adarl[ray]')")
+    jobs = cmp.plan([_recipe_file(tmp_path, "a")], range(2), 500, tmp_path / "out")
+    script = ("import pathlib, sys; d = pathlib.Path(sys.argv[-1]); (d / 'final').mkdir(parents=True); "
+              "(d / 'metrics.jsonl').write_text('{\"step\": 0, \"tokens\": 0, \"eval/pass@1\": 0.5}\\n')")
+    monkeypatch.setattr(cmp, "command", lambda job, state: [sys.executable, "-c", script, str(job.run_dir)])
+    try:
+        status = cmp.run_jobs(jobs, echo=lambda _: None, ray_address="local")
+    finally:
+        ray.shutdown()
+    assert status == {j.run_dir: "finished" for j in jobs}
