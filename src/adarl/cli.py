@@ -51,7 +51,9 @@ def train(
                 _fail("missing recipe: adarl train RECIPE.yaml [key=value ...]")
             loaded = load_recipe(recipe, overrides or [])
             target = run_dir or Path("runs") / loaded.name
-            if (target / "checkpoints").exists() and any((target / "checkpoints").iterdir()):
+            from adarl.train.checkpoint import list_checkpoints
+
+            if list_checkpoints(target / "checkpoints"):  # complete ones only: a torn *.tmp is no run
                 _fail(f"{target} already holds a run: resume it with --resume {target}, "
                       "or choose another --run-dir")
         from adarl.rewards import validate_callable

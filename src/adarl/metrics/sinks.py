@@ -1,9 +1,10 @@
 """Where per-step metrics go: ``metrics.jsonl`` (one JSON object per step) and TensorBoard.
 
-Each JSON line is flushed and fsynced as it is written, so a crashed run keeps every finished
-step. Non-finite floats are written as ``null``; numpy/torch scalars and arrays become plain
-JSON. On resume, ``MetricsWriter.truncate_after(run_dir, step)`` drops the rows of steps that
-will be redone (the writer does it itself when given ``resume_step``).
+Each JSON line is flushed and fsynced as it is written, and TensorBoard is flushed after each
+row, so a crashed (even SIGKILLed) run keeps every finished step. Non-finite floats are written
+as ``null``; numpy/torch scalars and arrays become plain JSON. On resume,
+``MetricsWriter.truncate_after(run_dir, step)`` drops the rows of steps that will be redone (the
+writer does it itself when given ``resume_step``; ``resume_step=-1`` starts both sinks afresh).
 """
 
 from __future__ import annotations
@@ -60,15 +61,21 @@ class MetricsWriter:
     """Append per-step metric rows to ``run_dir/metrics.jsonl`` and TensorBoard (``run_dir/tb``).
 
     With ``resume_step`` set, rows after that step are dropped first and TensorBoard is told to
-    hide the old events from that step on (``purge_step``).
+    hide the old events after that step (``purge_step``); ``-1`` drops every earlier row and event,
+    for a run that starts over in a directory a killed attempt wrote to.
     """
 
     def __init__(self, run_dir: str | Path, tensorboard: bool = True, resume_step: int | None = None) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / METRICS_FILE
+        for stale in self.run_dir.glob(f".{METRICS_FILE}.*"):  # left by a truncation that was killed
+            stale.unlink(missing_ok=True)
+        purge = None
         if resume_step is not None:
             self.truncate_after(self.run_dir, resume_step)
+            if (self.run_dir / TB_DIR).exists():
+                purge = resume_step + 1
         self._file = self.path.open("a", encoding="utf-8")
         if self._ends_torn():  # a crash mid-line: start on a fresh line so no row merges into it
             self._file.write("\n")
@@ -77,7 +84,6 @@ class MetricsWriter:
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            purge = resume_step + 1 if resume_step is not None else None
             self._tb = SummaryWriter(log_dir=str(self.run_dir / TB_DIR), purge_step=purge, flush_secs=30)
 
     def _ends_torn(self) -> bool:
@@ -105,6 +111,7 @@ class MetricsWriter:
             for tag, value in numeric_items(clean):
                 if tag != "step":
                     self._tb.add_scalar(tag, value, global_step=step)
+            self._tb.flush()  # a SIGKILL must not lose steps a checkpoint already covers
         return clean
 
     log = write

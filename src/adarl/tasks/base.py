@@ -18,6 +18,8 @@ class TaskSource:
     train: list[Problem]
     eval: list[Problem]
     name: str
+    skipped: int = 0  # bad data lines skipped (task.skip_bad_lines)
+    first_bad: str | None = None  # the first skipped line's error message
 
     def __repr__(self) -> str:
         return f"TaskSource(name={self.name!r}, train={len(self.train)}, eval={len(self.eval)})"
@@ -70,4 +72,8 @@ def build_task(cfg: TaskConfig, seed: int) -> TaskSource:
         from adarl.tasks.jsonl import load_jsonl
 
         return load_jsonl(cfg, seed)
-    raise ValueError(f"unknown task source '{cfg.source}' (choices: reasoning_gym, jsonl)")
+    if cfg.source == "humaneval":
+        from adarl.tasks.humaneval import load_humaneval
+
+        return load_humaneval(cfg, seed)
+    raise ValueError(f"unknown task source '{cfg.source}' (choices: reasoning_gym, jsonl, humaneval)")

@@ -10,6 +10,13 @@ its first line.
 Eval comes from ``task.eval_path`` when set (at most ``eval_size`` problems), otherwise
 the last ``eval_size`` distinct ids of a seeded shuffle are held out. Either way, every
 problem whose id is in eval is removed from training.
+
+A bad line (not UTF-8, not JSON, not an object, no usable prompt, an id that is not a string
+or an integer) is an error naming the file and line. With ``task.skip_bad_lines: true`` bad
+lines are skipped instead: a warning gives their count and the first one, and
+``TaskSource.skipped`` / ``TaskSource.first_bad`` carry them to the run's first metrics row.
+If more than ``task.max_bad_fraction`` of a file's lines are bad, it is an error even then. A
+UTF-8 byte-order mark at the start of the file is ignored.
 """
 
 from __future__ import annotations
@@ -91,6 +98,13 @@ def _problem(row: dict[str, Any], cfg: TaskConfig, fields: dict[str, str], where
             f"{{role, content}} messages, got {type(raw).__name__}: {_snippet(line)}"
         )
     pid = row.get(fields["id"])
+    if pid is not None and (isinstance(pid, bool) or not isinstance(pid, str | int)):
+        raise ValueError(
+            f"{where}: id field '{fields['id']}' (task.fields.id) must be a string or an integer, "
+            f"got {type(pid).__name__}: {_snippet(line)}"
+        )
+    if isinstance(raw, str) and not raw.strip():
+        raise ValueError(f"{where}: prompt field '{key}' is empty: {_snippet(line)}")
     columns = {k: v for k, v in row.items() if k not in (fields["id"], fields["prompt"], fields["answer"])}
     columns["question"] = question
     return Problem(
@@ -101,27 +115,83 @@ def _problem(row: dict[str, Any], cfg: TaskConfig, fields: dict[str, str], where
     )
 
 
-def read_jsonl(path: str | Path, cfg: TaskConfig) -> list[Problem]:
-    """Every problem of one file, in file order (duplicates kept); blank lines are skipped."""
+class BadLines:
+    """The bad lines of one file that were skipped: how many, and the first one's message."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.first: str | None = None
+
+    def add(self, message: str) -> None:
+        self.count += 1
+        if self.first is None:
+            self.first = message
+
+
+def _parse_line(raw: bytes, n: int, path: str | Path, cfg: TaskConfig, fields: dict[str, str]) -> Problem | None:
+    """The problem on line `n` (None for a blank line); ValueError naming the line if it is bad."""
+    where = f"{path}, line {n}"
+    if n == 1 and raw.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte-order mark
+        raw = raw[3:]
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        shown = _snippet(raw.decode("utf-8", errors="replace"))
+        raise ValueError(f"{where}: not valid UTF-8 (byte {err.start + 1} of the line): {shown}") from None
+    if not line.strip():
+        return None
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as err:
+        why = f"{err.msg}, column {err.colno}"
+        raise ValueError(f"{where}: not valid JSON ({why}): {_snippet(line)}") from None
+    except RecursionError:
+        raise ValueError(f"{where}: not valid JSON (nested too deeply): {_snippet(line)}") from None
+    if not isinstance(row, dict):
+        kind = type(row).__name__
+        raise ValueError(f"{where}: expected a JSON object, got {kind}: {_snippet(line)}")
+    return _problem(row, cfg, fields, where, line)
+
+
+def read_jsonl(path: str | Path, cfg: TaskConfig, bad: BadLines | None = None) -> list[Problem]:
+    """Every problem of one file, in file order (duplicates kept); blank lines are skipped.
+
+    A bad line raises ValueError naming it, unless `cfg.skip_bad_lines`: then it is skipped and
+    counted in `bad` (at most `cfg.max_bad_fraction` of the non-blank lines may be bad).
+    """
     fields = field_map(cfg)
     p = Path(path).expanduser()
     if not p.is_file():
         raise ValueError(f"task file not found: {path}")
+    skipped = BadLines()
     problems = []
-    with p.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}, line {n}"
+    lines = 0
+    with p.open("rb") as f:
+        for n, raw in enumerate(f, start=1):
             try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                why = f"{err.msg}, column {err.colno}"
-                raise ValueError(f"{where}: not valid JSON ({why}): {_snippet(line)}") from None
-            if not isinstance(row, dict):
-                kind = type(row).__name__
-                raise ValueError(f"{where}: expected a JSON object, got {kind}: {_snippet(line)}")
-            problems.append(_problem(row, cfg, fields, where, line))
+                problem = _parse_line(raw, n, path, cfg, fields)
+            except ValueError as err:
+                if not cfg.skip_bad_lines:
+                    raise ValueError(f"{err} (set task.skip_bad_lines: true to skip bad lines)") from None
+                lines += 1
+                skipped.add(str(err))
+                continue
+            if problem is not None:
+                lines += 1
+                problems.append(problem)
+    if skipped.count:
+        if not problems:
+            raise ValueError(f"{path}: all {lines} lines are bad; the first: {skipped.first}")
+        if skipped.count > cfg.max_bad_fraction * lines:
+            raise ValueError(
+                f"{path}: {skipped.count} of {lines} lines are bad, more than task.max_bad_fraction "
+                f"({cfg.max_bad_fraction:g}) allows; the first: {skipped.first}"
+            )
+        log.warning("%s: skipped %d bad line%s of %d; the first: %s", path, skipped.count,
+                    "s" if skipped.count > 1 else "", lines, skipped.first)
+        if bad is not None:
+            bad.count += skipped.count
+            bad.first = bad.first or skipped.first
     if not problems:
         raise ValueError(f"{path}: the file has no problems (it is empty)")
     return problems
@@ -148,12 +218,13 @@ def load_jsonl(cfg: TaskConfig, seed: int) -> TaskSource:
     """Training and eval problems from `cfg.path` (and `cfg.eval_path`)."""
     if not cfg.path:
         raise ValueError("task.path is required for source 'jsonl'")
-    problems = read_jsonl(cfg.path, cfg)
+    bad = BadLines()
+    problems = read_jsonl(cfg.path, cfg, bad)
     unique = dedupe(problems)
     if len(unique) < len(problems):
         log.info("%s: %d lines repeat an earlier id and were merged", cfg.path, len(problems) - len(unique))
     if cfg.eval_path:
-        held = dedupe(read_jsonl(cfg.eval_path, cfg))[: cfg.eval_size]
+        held = dedupe(read_jsonl(cfg.eval_path, cfg, bad))[: cfg.eval_size]
         held_ids = {p.id for p in held}
         train = [p for p in unique if p.id not in held_ids]
         if not train:
@@ -163,4 +234,4 @@ def load_jsonl(cfg: TaskConfig, seed: int) -> TaskSource:
                      cfg.path, len(unique) - len(train), cfg.eval_path)
     else:
         train, held = split_held_out(unique, cfg.eval_size, seed, cfg.path)
-    return TaskSource(train=train, eval=held, name=Path(cfg.path).stem)
+    return TaskSource(train=train, eval=held, name=Path(cfg.path).stem, skipped=bad.count, first_bad=bad.first)

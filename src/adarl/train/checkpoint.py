@@ -6,6 +6,13 @@ A checkpoint directory `checkpoints/step_000012/` holds
   state.pt              step, budget, selector, generator and RNG states, every stage's state
 A directory only gets its final name once every file in it is on disk, so a crash while
 writing leaves a `*.tmp` directory that is never loaded (and is cleaned up on the next save).
+Old checkpoints are pruned by first renaming them to `*.del` (atomic), then deleting them, so
+a crash while pruning never leaves a half-deleted `step_N/` that looks complete. The same
+write-then-rename scheme serves `final/` (`save_dir`) and small files such as `config.yaml`
+(`atomic_write_text`).
+
+`crash_point` is a test-only hook (see tests/test_crash.py): with ``ADARL_TEST_KILL`` unset it
+does nothing.
 """
 
 from __future__ import annotations
@@ -13,6 +20,10 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
+import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +31,44 @@ import torch
 from safetensors.torch import load_file, save_file
 
 _STEP = re.compile(r"^step_(\d+)$")
+FILES = ("weights.safetensors", "optimizer.pt", "state.pt")
+_STALE = ("*.tmp", "*.del")
+
+
+# ---------------------------------------------------------------- test-only fault injection
+
+_KILL_SPEC = os.environ.get("ADARL_TEST_KILL", "")  # "phase@step" or "phase@step+delay_s"
+_armed: list[str] = []  # the phase a delayed kill is waiting in
+
+
+def _die(where: str) -> None:
+    sys.stderr.write(f"ADARL_TEST_KILL: SIGKILL {where}\n")
+    sys.stderr.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def crash_point(phase: str, step: int) -> None:
+    """Test-only: SIGKILL this process at `phase` of `step` when ``ADARL_TEST_KILL`` asks for it.
+
+    ``phase@step`` kills on arrival; ``phase@step+0.03`` kills 0.03 s into the phase, or at the
+    next crash point if the phase ends sooner, so the kill always lands inside that phase.
+    """
+    if not _KILL_SPEC:
+        return
+    if _armed:  # a delayed kill's phase has ended before its timer: kill at its end
+        _die(f"at the end of {_armed[0]}")
+    target, _, delay = _KILL_SPEC.partition("+")
+    if target != f"{phase}@{step}":
+        return
+    if not delay or float(delay) <= 0:
+        _die(f"on entering {target}")
+    _armed.append(target)
+    timer = threading.Timer(float(delay), _die, args=(f"{delay} s into {target}",))
+    timer.daemon = True
+    timer.start()
+
+
+# ---------------------------------------------------------------- atomic files and folders
 
 
 def _fsync_dir(path: Path) -> None:
@@ -32,9 +81,72 @@ def _fsync_dir(path: Path) -> None:
 
 def _fsync_tree(path: Path) -> None:
     for f in path.iterdir():
+        if f.is_dir():
+            _fsync_tree(f)
+            continue
         with open(f, "rb") as fh:
             os.fsync(fh.fileno())
     _fsync_dir(path)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write `text` to `path` so a crash leaves either the old file or the new one, whole."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _remove(path: Path, phase: str = "", step: int = 0) -> None:
+    """Delete a folder by renaming it to `*.del` first, so it never exists half-deleted."""
+    trash = path.with_name(path.name + ".del")
+    if trash.exists():
+        shutil.rmtree(trash, ignore_errors=True)
+    os.replace(path, trash)
+    if phase:
+        crash_point(phase, step)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def clean_stale(root: Path) -> None:
+    """Remove what interrupted saves left behind (`*.tmp`, `*.del`) under `root`."""
+    if not root.is_dir():
+        return
+    for pattern in _STALE:
+        for stale in root.glob(pattern):
+            if stale.is_dir():
+                shutil.rmtree(stale, ignore_errors=True)
+            else:
+                stale.unlink(missing_ok=True)
+
+
+def save_dir(final: Path, write: Callable[[Path], None], phase: str = "", step: int = 0) -> Path:
+    """Fill a folder with `write(tmp)`, fsync it, then rename it to `final` (replacing it).
+
+    A crash leaves the old `final` (or none) and a `*.tmp`/`*.del` folder, never a torn `final`.
+    """
+    final = Path(final)
+    tmp = final.with_name(final.name + ".tmp")
+    for stale in (tmp, final.with_name(final.name + ".del")):
+        if stale.exists():
+            shutil.rmtree(stale)
+    tmp.mkdir(parents=True)
+    write(tmp)
+    if phase:
+        crash_point(f"{phase}:written", step)
+    _fsync_tree(tmp)
+    if final.exists():
+        _remove(final, f"{phase}:replace" if phase else "", step)
+    os.replace(tmp, final)
+    _fsync_dir(final.parent)
+    return final
+
+
+# ---------------------------------------------------------------- checkpoints
 
 
 def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -43,29 +155,38 @@ def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def save(root: Path, step: int, model: torch.nn.Module, optimizer_state: dict, state: dict, keep: int) -> Path:
     root.mkdir(parents=True, exist_ok=True)
-    for stale in root.glob("*.tmp"):
-        shutil.rmtree(stale, ignore_errors=True)
+    clean_stale(root)
     final = root / f"step_{step:06d}"
     tmp = root / f"step_{step:06d}.tmp"
     tmp.mkdir()
     save_file(trainable_state(model), tmp / "weights.safetensors")
+    crash_point("checkpoint:weights", step)
     torch.save(optimizer_state, tmp / "optimizer.pt")
+    crash_point("checkpoint:optimizer", step)
     torch.save(state, tmp / "state.pt")
+    crash_point("checkpoint:state", step)
     _fsync_tree(tmp)
+    crash_point("checkpoint:fsync", step)
     if final.exists():
-        shutil.rmtree(final)
+        _remove(final)
     os.replace(tmp, final)
     _fsync_dir(root)
+    crash_point("checkpoint:renamed", step)
     for old in list_checkpoints(root)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+        _remove(old, "checkpoint:prune", step)
     return final
 
 
+def is_complete(path: Path) -> bool:
+    return all((path / name).is_file() for name in FILES)
+
+
 def list_checkpoints(root: Path) -> list[Path]:
-    """Complete checkpoints, oldest first."""
+    """Complete checkpoints, oldest first (`*.tmp` and `*.del` folders are never listed)."""
     if not root.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _STEP.match(p.name))]
+    found = [(int(m.group(1)), p) for p in root.iterdir()
+             if p.is_dir() and (m := _STEP.match(p.name)) and is_complete(p)]
     return [p for _, p in sorted(found)]
 
 
@@ -80,13 +201,16 @@ def load(path: Path, model: torch.nn.Module) -> tuple[dict, dict[str, Any]]:
     params = dict(model.named_parameters())
     missing = [n for n, p in params.items() if p.requires_grad and n not in weights]
     unknown = [n for n in weights if n not in params]
-    if missing or unknown:
+    shapes = [f"{n} {tuple(t.shape)} vs {tuple(params[n].shape)}" for n, t in weights.items()
+              if n in params and t.shape != params[n].shape]
+    if missing or unknown or shapes:
         raise RuntimeError(
-            f"checkpoint {path} does not match the model: missing {missing[:3]}, unexpected {unknown[:3]}"
+            f"checkpoint {path} does not match the model: missing {missing[:3]}, unexpected {unknown[:3]}, "
+            f"other shapes {shapes[:3]}"
         )
+    optimizer_state = torch.load(path / "optimizer.pt", weights_only=False)
+    state = torch.load(path / "state.pt", weights_only=False)
     with torch.no_grad():
         for name, tensor in weights.items():
             params[name].copy_(tensor)
-    optimizer_state = torch.load(path / "optimizer.pt", weights_only=False)
-    state = torch.load(path / "state.pt", weights_only=False)
     return optimizer_state, state
