@@ -1,10 +1,11 @@
 """Scoring completions with verifiers.
 
 `Rewards` composes the configured rewards (``RewardConfig``) and scores whole groups of rollouts.
-math-verify and user functions always run in spawned worker processes (`WorkerPool`) with a
-wall-clock timeout, so a hanging, crashing or memory-hungry verifier scores 0 and is counted,
-never raised; the cheap pure-Python scorers (short answers, the default format check) run
-in-process behind a guard that turns any exception into a counted error.
+math-verify, user functions and code rewards (whose programs run in `sandbox`) always run in
+spawned worker processes (`WorkerPool`) with a wall-clock timeout, so a hanging, crashing or
+memory-hungry verifier scores 0 and is counted, never raised; the cheap pure-Python scorers
+(short answers, the default format check) run in-process behind a guard that turns any
+exception into a counted error.
 
 This package must stay light: workers import it, so no torch (and numpy only inside methods).
 """
@@ -20,6 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from adarl.rewards import callable as user_fn
+from adarl.rewards import code as code_reward
 from adarl.rewards import format as format_reward
 from adarl.rewards import math as math_reward
 from adarl.rewards import short_answer
@@ -88,6 +90,10 @@ class Rewards:
                 preload.append(c.function.partition(":")[0].strip())
             if c.type == "math":
                 preload.append("math_verify")
+            if c.type == "code":
+                caps = code_reward.sandbox.sandbox_capabilities()  # logs any missing layer once
+                if "error" in caps:
+                    raise ValueError(f"code reward: the sandbox does not work here: {caps['error']}")
         self.pool = WorkerPool(workers, timeout_s, memory_limit_mb=memory_limit_mb,
                                preload=tuple(dict.fromkeys(preload)))
         self._warned: Counter[str] = Counter()
@@ -111,6 +117,10 @@ class Rewards:
         if config.type == "callable":
             columns = dict(problem.columns)
             return user_fn.call, (config.function, problem.prompt, text, problem.answer, columns)
+        if config.type == "code":
+            # the sandbox's own limit stays inside the pool's, so a slow program is a 0, not a kill
+            timeout = min(config.sandbox_timeout_s, max(0.5, self.pool.timeout_s - 1.0))
+            return code_reward.score, (text, dict(problem.columns), timeout, config.sandbox_memory_mb)
         return format_reward.score, (text, config.pattern)
 
     def _warn(self, name: str, status: str, message: str) -> None:
