@@ -35,6 +35,8 @@ from typing import Any
 import numpy as np
 import yaml
 
+from adarl.metrics.sinks import read_jsonl
+
 REPORT_FILE = "report.html"
 PROMPTS_FILES = ("prompts.jsonl", "prompts.parquet")
 MAX_HEATMAP_PROMPTS = 200
@@ -75,18 +77,6 @@ class Group:
     color: str = COLORS[0]
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    rows = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows
-
-
 def _read_prompts(run_dir: Path) -> list[dict[str, Any]] | None:
     for name in PROMPTS_FILES:
         path = run_dir / name
@@ -96,7 +86,7 @@ def _read_prompts(run_dir: Path) -> list[dict[str, Any]] | None:
             import pyarrow.parquet as pq
 
             return pq.read_table(path).to_pylist()
-        return _read_jsonl(path)
+        return read_jsonl(path)
     return None
 
 

@@ -57,6 +57,19 @@ def numeric_items(row: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[st
             yield tag, float(value)
 
 
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """The JSON objects of a JSON-lines file; torn or non-object lines are skipped."""
+    rows = []
+    for line in Path(path).read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
 class MetricsWriter:
     """Append per-step metric rows to ``run_dir/metrics.jsonl`` and TensorBoard (``run_dir/tb``).
 
@@ -140,17 +153,7 @@ class MetricsWriter:
     def read(run_dir: str | Path) -> list[dict[str, Any]]:
         """The rows of ``run_dir/metrics.jsonl`` (a torn last line is skipped)."""
         path = Path(run_dir) / METRICS_FILE
-        if not path.exists():
-            return []
-        rows = []
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(row, dict):
-                rows.append(row)
-        return rows
+        return read_jsonl(path) if path.exists() else []
 
     @staticmethod
     def truncate_after(run_dir: str | Path, step: int) -> int:

@@ -23,7 +23,7 @@ from adarl.budget import Budget
 from adarl.config import Recipe, dump_recipe
 from adarl.loss.aggregate import sequence_weights
 from adarl.metrics.progress import Progress
-from adarl.metrics.sinks import MetricsWriter
+from adarl.metrics.sinks import MetricsWriter, read_jsonl
 from adarl.models import chat_ids, load_model, load_reference
 from adarl.rewards import Rewards
 from adarl.rollout.hf import HfGenerator
@@ -537,14 +537,8 @@ class Trainer:
         path = self.run_dir / self.PROMPT_LOG
         if not path.exists():
             return
-        kept = []
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                if json.loads(line)["step"] <= self.step:
-                    kept.append(line + "\n")
-            except (ValueError, KeyError, TypeError):  # a line torn by a kill
-                continue
-        checkpoint.atomic_write_text(path, "".join(kept))
+        kept = [row for row in read_jsonl(path) if isinstance(row.get("step"), int) and row["step"] <= self.step]
+        checkpoint.atomic_write_text(path, "".join(json.dumps(row) + "\n" for row in kept))
 
     def _stop_non_finite(self, saved: bool) -> None:
         """Save the last good state (skipped updates never touched the weights) and stop."""
