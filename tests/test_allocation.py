@@ -121,10 +121,7 @@ def test_allocators_never_exceed_the_step_budget(spec, limit, k, seed, token_lim
         store.update(fresh, 4)
         for g in fresh:
             if g.problem.id in groups:
-                old = groups[g.problem.id]
-                old.rollouts += g.rollouts
-                old.rewards = np.concatenate([old.rewards, g.rewards])
-                old.correct = np.concatenate([old.correct, g.correct])
+                groups[g.problem.id].extend(g)
             else:
                 groups[g.problem.id] = g
         counts = allocator.more(list(groups.values()), store, budget)

@@ -74,6 +74,14 @@ class Group:
             raise ValueError(f"group {self.problem.id} has not been verified")
         return self.rewards.sum(axis=1)
 
+    def extend(self, other: Group) -> None:
+        """Append a later stage's verified rollouts of the same prompt."""
+        if other.problem.id != self.problem.id:
+            raise ValueError(f"cannot merge group {other.problem.id} into {self.problem.id}")
+        self.rollouts += other.rollouts
+        self.rewards = np.concatenate([self.rewards, other.rewards])
+        self.correct = np.concatenate([self.correct, other.correct])
+
     @property
     def zero_variance(self) -> bool:
         r = self.reward

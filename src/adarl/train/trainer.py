@@ -155,13 +155,10 @@ class Trainer:
         metrics["verify_s"] = metrics.get("verify_s", 0.0) + time.perf_counter() - t0
         self.store.update(fresh, self.step + 1)
         for g in fresh:
-            old = groups.get(g.problem.id)
-            if old is None:
+            if g.problem.id in groups:
+                groups[g.problem.id].extend(g)
+            else:
                 groups[g.problem.id] = g
-                continue
-            old.rollouts += g.rollouts
-            old.rewards = np.concatenate([old.rewards, g.rewards])
-            old.correct = np.concatenate([old.correct, g.correct])
 
     def train_step(self) -> dict[str, float]:
         t_step = time.perf_counter()
