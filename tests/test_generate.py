@@ -91,3 +91,48 @@ def test_chunked_logprobs_equal_full_logits_and_gradients(model_and_tokenizer):
         torch.testing.assert_close(logp[j, : len(f)], f.detach(), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(model.get_input_embeddings().weight.grad, grad_chunked, atol=1e-5, rtol=1e-4)
     model.zero_grad()
+
+
+def full_forward_logits(model, prompt: list[int], completion: list[int]) -> torch.Tensor:
+    """(len(completion), V) float32 logits predicting each completion token, from one plain forward."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + completion])).logits[0]
+    return logits[len(prompt) - 1 : len(prompt) + len(completion) - 1].float()
+
+
+def entropy_of(logits: torch.Tensor) -> torch.Tensor:
+    logp = torch.log_softmax(logits, -1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.5])
+def test_recorded_entropies_are_the_full_distribution_at_t0(model_and_tokenizer, top_p):
+    """One entropy per token, of softmax(logits / T_0) over the whole vocabulary (top-p does not truncate it)."""
+    model, tok = model_and_tokenizer
+    ids = prompts(tok, ["What is 12+34?", "Hi"])
+    cfg = RolloutConfig(max_new_tokens=16, temperature=0.7, top_p=top_p, max_batch=64)
+    rollouts = HfGenerator(model, tok, cfg, seed=3).generate([Request("a", ids[0], 4), Request("b", ids[1], 3)])
+    at_one = []
+    for p, r in zip([ids[0]] * 4 + [ids[1]] * 3, rollouts, strict=True):
+        assert r.entropies is not None and len(r.entropies) == len(r.completion_ids) > 0
+        logits = full_forward_logits(model, p, r.completion_ids)
+        torch.testing.assert_close(torch.tensor(r.entropies), entropy_of(logits / 0.7), atol=1e-4, rtol=1e-4)
+        at_one.append(entropy_of(logits))
+    # and not the entropy at T = 1: the check above could tell them apart
+    assert (torch.cat(at_one) - torch.tensor(sum((r.entropies for r in rollouts), []))).abs().max() > 1e-2
+
+
+def test_greedy_entropies_at_temperature_one(model_and_tokenizer):
+    model, tok = model_and_tokenizer
+    ids = prompts(tok, ["What is 12+34?", "Hi"])
+    gen = HfGenerator(model, tok, RolloutConfig(max_new_tokens=10, temperature=0.5))
+    rollouts = gen.generate([Request(str(i), p, 1) for i, p in enumerate(ids)], greedy=True)
+    for p, r in zip(ids, rollouts, strict=True):
+        logits = full_forward_logits(model, p, r.completion_ids)
+        torch.testing.assert_close(torch.tensor(r.entropies), entropy_of(logits), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(
+            torch.tensor(r.logprobs),
+            torch.log_softmax(logits, -1).gather(-1, torch.tensor(r.completion_ids)[:, None])[:, 0],
+            atol=1e-4, rtol=1e-4,
+        )
+    assert gen.last_temperature_mean is None

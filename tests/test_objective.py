@@ -7,9 +7,15 @@ import torch
 from adarl import registry
 from adarl.advantage.grpo import DrGrpo, Grpo
 from adarl.loss.aggregate import aggregate, sequence_weights
+from adarl.loss.base import LossInputs
 from adarl.loss.kl import k3
 from adarl.loss.ppo import PpoClip
 from adarl.types import Batch, Group, Problem, Rollout
+
+
+def run(loss_fn, logp, old, adv, mask, ref_logp=None):
+    """Call a PolicyLoss on one micro-batch's tensors."""
+    return loss_fn(LossInputs(logp=logp, old_logp=old, adv=adv, mask=mask, ref_logp=ref_logp))
 
 
 def make_batch(reward_lists):
@@ -57,7 +63,7 @@ def test_ppo_clip_values_and_gradients():
     old = torch.zeros_like(logp)
     adv = torch.tensor([[1.0, 1.0, -1.0, -1.0]])
     mask = torch.ones_like(adv)
-    loss, stats = loss_fn(logp, old, adv, mask)
+    loss, stats = run(loss_fn, logp, old, adv, mask)
     # −min(1.5, 1.2) = −1.2 (clipped);  −min(0.5, 0.8) = −0.5;  −min(−0.5, −0.8) = 0.8 (clipped);
     # −min(−1.5, −1.2) = 1.5
     torch.testing.assert_close(loss, torch.tensor([[-1.2, -0.5, 0.8, 1.5]]))
@@ -70,14 +76,14 @@ def test_ppo_clip_values_and_gradients():
 def test_clip_higher_is_asymmetric():
     loss_fn = PpoClip(eps_low=0.2, eps_high=0.28)
     logp = torch.log(torch.tensor([[1.5, 0.5]]))
-    loss, _ = loss_fn(logp, torch.zeros_like(logp), torch.tensor([[1.0, -1.0]]), torch.ones(1, 2))
+    loss, _ = run(loss_fn, logp, torch.zeros_like(logp), torch.tensor([[1.0, -1.0]]), torch.ones(1, 2))
     torch.testing.assert_close(loss, torch.tensor([[-1.28, 0.8]]))
 
 
 def test_dual_clip():
     loss_fn = PpoClip(dual_clip=3.0)
     logp = torch.log(torch.tensor([[4.0, 2.0]]))
-    loss, stats = loss_fn(logp, torch.zeros_like(logp), torch.tensor([[-1.0, -1.0]]), torch.ones(1, 2))
+    loss, stats = run(loss_fn, logp, torch.zeros_like(logp), torch.tensor([[-1.0, -1.0]]), torch.ones(1, 2))
     # ratio 4, A=−1: L^clip = 4 > c·|A| = 3 → 3;  ratio 2: L^clip = 2 stays
     torch.testing.assert_close(loss, torch.tensor([[3.0, 2.0]]))
     torch.testing.assert_close(stats["dual_clip_fraction"], torch.tensor([[1.0, 0.0]]))
@@ -89,10 +95,10 @@ def test_k3_kl():
     torch.testing.assert_close(kl, torch.tensor([0.3678794, 0.0]))
     loss_fn = PpoClip(kl_coef=0.5)
     logp = torch.tensor([[-1.0]])
-    loss, stats = loss_fn(logp, logp, torch.zeros(1, 1), torch.ones(1, 1), ref_logp=torch.tensor([[-2.0]]))
+    loss, stats = run(loss_fn, logp, logp, torch.zeros(1, 1), torch.ones(1, 1), ref_logp=torch.tensor([[-2.0]]))
     torch.testing.assert_close(loss, torch.tensor([[0.5 * 0.3678794]]))
     with pytest.raises(ValueError, match="reference"):
-        loss_fn(logp, logp, torch.zeros(1, 1), torch.ones(1, 1))
+        run(loss_fn, logp, logp, torch.zeros(1, 1), torch.ones(1, 1))
 
 
 # per-token losses of two sequences of lengths 2 and 4 (padding holds garbage that must not count)
@@ -135,7 +141,7 @@ def test_positive_advantage_raises_probability():
         opt = torch.optim.SGD([logits], lr=0.5)
         for _ in range(3):
             logp = torch.log_softmax(logits, -1)[:, 2:3]
-            loss, _ = PpoClip()(logp, logp.detach(), torch.tensor([[sign]]), torch.ones(1, 1))
+            loss, _ = run(PpoClip(), logp, logp.detach(), torch.tensor([[sign]]), torch.ones(1, 1))
             opt.zero_grad()
             loss.sum().backward()
             opt.step()
@@ -145,7 +151,7 @@ def test_positive_advantage_raises_probability():
 
 def test_clipping_stops_gradient_at_the_bound():
     logp = torch.tensor([[np.log(1.3)]], dtype=torch.float32, requires_grad=True)  # ratio beyond 1+ε
-    loss, _ = PpoClip()(logp, torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1))
+    loss, _ = run(PpoClip(), logp, torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1))
     loss.sum().backward()
     assert logp.grad.item() == 0.0
 

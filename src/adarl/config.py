@@ -92,6 +92,13 @@ class RewardConfig(Section):
         return self
 
 
+class AdaptiveTemperature(Section):
+    """HAPO adaptive temperature sampling (algorithms.md §4.2a): T_t = T_0·(1 + τ·ĥ_t)."""
+
+    tau: float = Field(0.05, ge=0.0, lt=1.0)  # τ (temperature_tau)
+    pivot: float = Field(0.8, gt=0.0, lt=1.0)  # the log-entropy quantile ĥ is centred on
+
+
 class RolloutConfig(Section):
     backend: Literal["hf"] = "hf"
     temperature: float = Field(1.0, gt=0.0)
@@ -99,6 +106,7 @@ class RolloutConfig(Section):
     max_new_tokens: int = Field(128, gt=0)
     stop: list[str] = []
     max_batch: int = Field(64, gt=0)  # rows decoded at once
+    adaptive_temperature: AdaptiveTemperature | None = None  # HAPO; None = fixed temperature
 
 
 class BudgetConfig(Section):
@@ -154,7 +162,9 @@ class Recipe(Section):
     budget: BudgetConfig = BudgetConfig()
     select: dict[str, Any] = {"name": "uniform"}
     allocate: dict[str, Any] = {"name": "fixed", "n": 8}
+    shaping: list[dict[str, Any]] = []  # reward shapings, applied in order after the verifiers
     advantage: dict[str, Any] = {"name": "grpo"}
+    tokens: list[dict[str, Any]] = []  # token weightings, applied in order after the advantages
     loss: dict[str, Any] = {"name": "ppo_clip"}
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
@@ -222,24 +232,32 @@ def _format(err: ValidationError, prefix: tuple[Any, ...] = (), valid: list[str]
 def _check_components(recipe: Recipe) -> list[str]:
     lines = []
     for stage in registry.STAGES:
-        spec = dict(getattr(recipe, stage))
-        name = spec.get("name")
-        choices = registry.names(stage)
-        if not isinstance(name, str):
-            lines.append(f"'{stage}.name' is required; choose one of: {', '.join(choices)}")
-            continue
-        if name not in choices:
-            hint = difflib.get_close_matches(name, choices, n=1, cutoff=0.3)
-            more = f"; did you mean '{hint[0]}'?" if hint else ""
-            lines.append(f"'{stage}.name': unknown {stage} method '{name}'{more} (choices: {', '.join(choices)})")
-            continue
-        try:
-            registry.build(stage, spec)
-        except ValidationError as err:
-            cls = registry.component_class(stage, name)
-            fields = list(getattr(cls, "__dataclass_fields__", {}))
-            lines += _format(err, (stage,), valid=fields)
+        value = getattr(recipe, stage)
+        if stage in registry.LIST_STAGES:
+            specs = [(f"{stage}.{i}", spec) for i, spec in enumerate(value)]
+        else:
+            specs = [(stage, value)]
+        for where, spec in specs:
+            lines += _check_component(stage, where, dict(spec))
     return lines
+
+
+def _check_component(stage: str, where: str, spec: dict[str, Any]) -> list[str]:
+    name = spec.get("name")
+    choices = registry.names(stage)
+    if not isinstance(name, str):
+        return [f"'{where}.name' is required; choose one of: {', '.join(choices)}"]
+    if name not in choices:
+        hint = difflib.get_close_matches(name, choices, n=1, cutoff=0.3)
+        more = f"; did you mean '{hint[0]}'?" if hint else ""
+        return [f"'{where}.name': unknown {stage} method '{name}'{more} (choices: {', '.join(choices)})"]
+    try:
+        registry.build(stage, spec)
+    except ValidationError as err:
+        cls = registry.component_class(stage, name)
+        fields = list(getattr(cls, "__dataclass_fields__", {}))
+        return _format(err, tuple(where.split(".")), valid=fields)
+    return []
 
 
 def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:

@@ -20,7 +20,8 @@ from typing import Any, TypeVar
 
 from pydantic import ConfigDict, TypeAdapter
 
-STAGES = ("select", "allocate", "advantage", "loss")
+STAGES = ("select", "allocate", "shaping", "advantage", "tokens", "loss")
+LIST_STAGES = ("shaping", "tokens")  # a recipe lists any number of these, applied in order
 STRICT = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
 
 _REGISTRY: dict[str, dict[str, type]] = {stage: {} for stage in STAGES}
@@ -28,8 +29,11 @@ _BUILTINS = {
     "select": ["adarl.select.uniform", "adarl.select.vade", "adarl.select.gdro", "adarl.select.curriculum"],
     "allocate": ["adarl.allocate.fixed", "adarl.allocate.dapo", "adarl.allocate.dars", "adarl.allocate.xrpo",
                  "adarl.allocate.gdro", "adarl.allocate.roc"],
-    "advantage": ["adarl.advantage.grpo"],
-    "loss": ["adarl.loss.ppo"],
+    "shaping": ["adarl.shaping.overlong", "adarl.shaping.length_penalty", "adarl.shaping.fapo", "adarl.shaping.hbpo"],
+    "advantage": ["adarl.advantage.grpo", "adarl.advantage.rloo", "adarl.advantage.reinforce_pp",
+                  "adarl.advantage.xrpo", "adarl.advantage.rdpo", "adarl.advantage.hapo", "adarl.advantage.hbpo"],
+    "tokens": ["adarl.tokens.d3s", "adarl.tokens.high_entropy"],
+    "loss": ["adarl.loss.ppo", "adarl.loss.gspo", "adarl.loss.bapo", "adarl.loss.hapo", "adarl.loss.aepo"],
 }
 _loaded = False
 

@@ -1,23 +1,69 @@
-"""PolicyLoss protocol: a per-token loss from current, proximal and behaviour log-probs."""
+"""PolicyLoss: a per-token loss from current, proximal and behaviour log-probs.
+
+Every loss is a `PolicyLoss`: it writes its surrogate (`surrogate`), and the shared terms are
+added here, once, for all of them:
+
+    L_{i,t} = surrogate_{i,t} + β · KL_{i,t}(θ ‖ ref) − c_H · H_{i,t}(θ)
+
+with the KL estimator chosen by `kl` (k1, k2, k3; loss/kl.py) and an entropy bonus c_H on the
+differentiable entropy of the current forward. The trainer aggregates the per-token loss over
+the mini-batch with `agg` (loss/aggregate.py).
+"""
 
 from __future__ import annotations
 
-from typing import Protocol
+from dataclasses import dataclass
+from typing import ClassVar, Literal
 
 import torch
+from pydantic import Field
+from pydantic.dataclasses import dataclass as component
+
+from adarl.loss.aggregate import Aggregation
+from adarl.loss.kl import ESTIMATORS
+from adarl.registry import STRICT
 
 
-class PolicyLoss(Protocol):
-    agg: str
-    kl_coef: float
+@dataclass
+class LossInputs:
+    """Per-token tensors of one micro-batch, all (B, T), right-padded; `mask` is 0 on padding."""
 
-    def __call__(
-        self,
-        logp: torch.Tensor,
-        old_logp: torch.Tensor,
-        adv: torch.Tensor,
-        mask: torch.Tensor,
-        ref_logp: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """Return the (B, T) per-token loss (to be aggregated) and per-token statistics."""
-        ...
+    logp: torch.Tensor  # ℓ_θ, differentiable
+    old_logp: torch.Tensor  # ℓ_old: the proximal policy (= ℓ_θ detached when on-policy)
+    adv: torch.Tensor  # A_{i,t}: the rollout's advantage times its token weight
+    mask: torch.Tensor  # 1.0 for tokens that enter the loss
+    entropy: torch.Tensor | None = None  # H_{i,t} (detached), recorded once per batch
+    entropy_norm: torch.Tensor | None = None  # ĥ_{i,t} ∈ [−1, 1] (tokens/entropy.py), batch statistics
+    ref_logp: torch.Tensor | None = None  # ℓ_ref, when kl_coef > 0
+    beh_logp: torch.Tensor | None = None  # ℓ_beh: the generator's log-probs
+    entropy_live: torch.Tensor | None = None  # H_{i,t}(θ), differentiable, when entropy_coef > 0
+
+
+@component(config=STRICT)
+class PolicyLoss:
+    agg: Aggregation = "token-mean"
+    max_len: int | None = None  # L_max for seq-mean-token-sum-norm (default: rollout.max_new_tokens)
+    kl_coef: float = Field(0.0, ge=0.0)  # β; > 0 loads a frozen reference model
+    kl: Literal["k1", "k2", "k3"] = "k3"
+    entropy_coef: float = Field(0.0, ge=0.0)  # c_H: entropy bonus
+
+    # what the trainer must supply in LossInputs
+    needs_entropy: ClassVar[bool] = False  # entropy and entropy_norm
+
+    def surrogate(self, x: LossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The method's own (B, T) per-token loss and per-token statistics (averaged over `mask`)."""
+        raise NotImplementedError
+
+    def __call__(self, x: LossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        loss, stats = self.surrogate(x)
+        if self.kl_coef > 0:
+            if x.ref_logp is None:
+                raise ValueError("kl_coef > 0 but no reference log-probs were given")
+            kl = ESTIMATORS[self.kl](x.logp, x.ref_logp)
+            loss = loss + self.kl_coef * kl
+            stats["kl"] = kl.detach()
+        if self.entropy_coef > 0:
+            if x.entropy_live is None:
+                raise ValueError("entropy_coef > 0 but no differentiable entropy was given")
+            loss = loss - self.entropy_coef * x.entropy_live
+        return loss, stats

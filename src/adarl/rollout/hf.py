@@ -9,6 +9,16 @@ What makes it cheaper than a plain `model.generate` loop on RL workloads:
 
 Behaviour log-probs are log softmax(logits / T) at the sampled token, before top-p
 truncation: the trainer recomputes ℓ_θ with the same temperature so the ratio starts at 1.
+
+Every sampled token also records the entropy of the full distribution softmax(logits / T_0)
+(before top-p; T = 1 for greedy decoding), read from the same log-softmax with one fused
+reduction: `Rollout.entropies`.
+
+HAPO adaptive temperature (algorithms.md §4.2a, `cfg.adaptive_temperature`): each row of each
+decoding step samples at T_t = T_0·(1 + τ·ĥ_t), ĥ_t the entropy at T_0 normalised with the
+previous training step's `EntropyStats` (`set_entropy_stats`); its behaviour log-prob is then
+taken under T_t, the temperature actually used. Until stats are set, and for greedy decoding,
+the temperature stays T_0.
 """
 
 from __future__ import annotations
@@ -16,9 +26,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from adarl.config import RolloutConfig
+from adarl.tokens.entropy import EntropyStats
 from adarl.types import FinishReason, Request, Rollout
 
 
@@ -27,16 +38,33 @@ class _Row:
     request: int
     tokens: list[int]
     logprobs: list[float]
+    entropies: list[float]
     finish: FinishReason | None = None
 
 
+@dataclass
+class _Step:
+    """One decoding step's draw for every row of the batch."""
+
+    tokens: torch.Tensor  # (B,) sampled token ids
+    logprobs: torch.Tensor  # (B,) behaviour log-probs under the temperature used
+    entropies: torch.Tensor  # (B,) entropy of softmax(logits / T_0), T_0 = 1 when greedy
+    temperatures: torch.Tensor | None  # (B,) T_t when adaptive, None when it is the fixed T_0
+
+
 class HfGenerator:
-    def __init__(self, model, tokenizer, cfg: RolloutConfig, seed: int = 0):
+    def __init__(
+        self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, cfg: RolloutConfig, seed: int = 0
+    ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.cfg = cfg
         self.rng = torch.Generator(device="cpu").manual_seed(seed)
         self.policy_version = 0
+        self.entropy_stats: EntropyStats | None = None  # previous step's, for adaptive temperature
+        self.last_temperature_mean: float | None = None  # mean T over the last generate's tokens
+        self._temperature_sum = 0.0
+        self._temperature_count = 0
         eos = model.generation_config.eos_token_id if model.generation_config is not None else None
         eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         if tokenizer.eos_token_id is not None:
@@ -48,16 +76,23 @@ class HfGenerator:
 
     # ---------------------------------------------------------------- protocol
 
-    def update_weights(self, named_tensors=None) -> None:
+    def update_weights(self, named_tensors: object = None) -> None:
         """The hf backend samples from the training model itself: only the version moves."""
         self.policy_version += 1
 
+    def set_entropy_stats(self, stats: EntropyStats | None) -> None:
+        """The entropy statistics of the last training batch, for HAPO's adaptive temperature."""
+        self.entropy_stats = stats
+
     def state_dict(self) -> dict:
-        return {"rng": self.rng.get_state(), "policy_version": self.policy_version}
+        stats = self.entropy_stats.state_dict() if self.entropy_stats is not None else None
+        return {"rng": self.rng.get_state(), "policy_version": self.policy_version, "entropy_stats": stats}
 
     def load_state_dict(self, state: dict) -> None:
         self.rng.set_state(state["rng"])
         self.policy_version = state["policy_version"]
+        stats = state.get("entropy_stats")  # absent from state dicts written before it existed
+        self.entropy_stats = EntropyStats(**{k: float(v) for k, v in stats.items()}) if stats else None
 
     @torch.inference_mode()
     def generate(
@@ -65,7 +100,8 @@ class HfGenerator:
     ) -> list[Rollout]:
         """Rollouts for every request, each request's n rollouts consecutive, in request order."""
         max_new = max_new_tokens or self.cfg.max_new_tokens
-        rows = [_Row(i, [], []) for i, req in enumerate(requests) for _ in range(req.n)]
+        rows = [_Row(i, [], [], []) for i, req in enumerate(requests) for _ in range(req.n)]
+        self._temperature_sum, self._temperature_count = 0.0, 0
         was_training = self.model.training
         self.model.eval()
         try:
@@ -73,12 +109,16 @@ class HfGenerator:
                 self._decode(requests, rows[start : start + self.cfg.max_batch], greedy, max_new)
         finally:
             self.model.train(was_training)
+        self.last_temperature_mean = (
+            None if greedy or not self._temperature_count else self._temperature_sum / self._temperature_count
+        )
         texts = self.tokenizer.batch_decode([r.tokens for r in rows], skip_special_tokens=True)
         return [
             Rollout(
                 prompt_id=requests[r.request].prompt_id,
                 completion_ids=r.tokens,
                 logprobs=r.logprobs,
+                entropies=r.entropies,
                 finish_reason=r.finish or "length",
                 text=text,
                 policy_version=self.policy_version,
@@ -88,7 +128,9 @@ class HfGenerator:
 
     # ---------------------------------------------------------------- decoding
 
-    def _prefill(self, requests: list[Request], rows: list[_Row]):
+    def _prefill(
+        self, requests: list[Request], rows: list[_Row]
+    ) -> tuple[torch.Tensor, DynamicCache, torch.Tensor, torch.Tensor]:
         """Pre-fill each distinct prompt once; copy its cache to its rows."""
         order = sorted({r.request for r in rows})
         prompts = [requests[i].prompt_ids + (requests[i].prefix_ids or []) for i in order]
@@ -110,12 +152,24 @@ class HfGenerator:
         cache.batch_select_indices(row_prompt)
         return out.logits[row_prompt, -1].float(), cache, attn[row_prompt], pos[row_prompt, -1] + 1
 
-    def _sample(self, logits: torch.Tensor, greedy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def _sample(self, logits: torch.Tensor, greedy: bool) -> _Step:
         if greedy:
+            logp = torch.log_softmax(logits, -1)
             tokens = logits.argmax(-1)
-            return tokens, torch.log_softmax(logits, -1).gather(-1, tokens[:, None])[:, 0]
-        logp = torch.log_softmax(logits / self.cfg.temperature, -1)
+            return _Step(tokens, logp.gather(-1, tokens[:, None])[:, 0], _entropy(logp), None)
+        scaled = logits / self.cfg.temperature
+        logp = torch.log_softmax(scaled, -1)
         probs = logp.exp()
+        entropy = _entropy(logp, probs)
+        temperatures = None
+        adaptive = self.cfg.adaptive_temperature
+        if adaptive is not None and self.entropy_stats is not None:
+            # T_t = T_0·(1 + τ·ĥ_t): divide the T_0-scaled logits by (1 + τ·ĥ_t), so that
+            # τ = 0 leaves them, and hence the draw, bit-identical to the fixed temperature
+            factor = 1.0 + adaptive.tau * self.entropy_stats.normalise(entropy)
+            logp = torch.log_softmax(scaled / factor[:, None], -1)
+            probs = logp.exp()
+            temperatures = self.cfg.temperature * factor
         if self.cfg.top_p < 1.0:
             sorted_p, idx = probs.sort(-1, descending=True)
             drop = sorted_p.cumsum(-1) - sorted_p > self.cfg.top_p  # keep the smallest set ≥ top_p
@@ -126,7 +180,7 @@ class HfGenerator:
         cdf = probs.double().cumsum(-1)
         u = torch.rand((probs.shape[0], 1), generator=self.rng, dtype=torch.float64) * cdf[:, -1:]
         tokens = torch.searchsorted(cdf, u).clamp_(max=probs.shape[-1] - 1)[:, 0]
-        return tokens, logp.gather(-1, tokens[:, None])[:, 0]
+        return _Step(tokens, logp.gather(-1, tokens[:, None])[:, 0], entropy, temperatures)
 
     def _stopped(self, row: _Row) -> bool:
         if not self.cfg.stop:
@@ -139,15 +193,21 @@ class HfGenerator:
         active = list(range(len(rows)))  # position in the current (compacted) batch -> row
         done_since_compact = 0
         for step in range(max_new):
-            tokens, logps = self._sample(logits, greedy)
+            draw = self._sample(logits, greedy)
+            tokens = draw.tokens
             is_eos = torch.isin(tokens, self.eos_ids).tolist()
+            floats = [draw.logprobs, draw.entropies] + ([draw.temperatures] if draw.temperatures is not None else [])
+            values = torch.stack(floats, -1).tolist()  # one device→host copy for all per-token floats
             keep: list[int] = []
-            for j, (row_i, token, logp) in enumerate(zip(active, tokens.tolist(), logps.tolist(), strict=True)):
+            for j, (row_i, token, vals) in enumerate(zip(active, tokens.tolist(), values, strict=True)):
                 row = rows[row_i]
                 if row.finish is not None:  # finished, waiting for the next compaction
                     continue
                 row.tokens.append(token)
-                row.logprobs.append(logp)
+                row.logprobs.append(vals[0])
+                row.entropies.append(vals[1])
+                self._temperature_sum += vals[2] if len(vals) > 2 else self.cfg.temperature
+                self._temperature_count += 1
                 if is_eos[j] or self._stopped(row):
                     row.finish = "stop"
                 elif step + 1 == max_new:
@@ -170,3 +230,8 @@ class HfGenerator:
             )
             cache, logits = out.past_key_values, out.logits[:, -1].float()
             next_pos = next_pos + 1
+
+
+def _entropy(logp: torch.Tensor, probs: torch.Tensor | None = None) -> torch.Tensor:
+    """−Σ_v p_v log p_v per row from a log-softmax, as one fused reduction (no product tensor)."""
+    return -torch.linalg.vecdot(logp.exp() if probs is None else probs, logp)

@@ -43,21 +43,23 @@ def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int) ->
     return Packed(ids, mask, targets, torch.tensor(source, dtype=torch.long), [len(p) for p in prompts])
 
 
-def _head(lm_head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float):
+def _head(lm_head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float,
+          entropy_grad: bool = False):
     logits = lm_head(hidden).float() / temperature
     logp_all = torch.log_softmax(logits, dim=-1)
     logp = logp_all.gather(-1, targets[:, None])[:, 0]
-    with torch.no_grad():
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
         entropy = -(logp_all.exp() * logp_all).sum(-1)
     return logp, entropy
 
 
 def completion_logprobs(
-    model: torch.nn.Module, packed: Packed, temperature: float = 1.0, chunk: int = 512
+    model: torch.nn.Module, packed: Packed, temperature: float = 1.0, chunk: int = 512, entropy_grad: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(b, Lc) log-probs of the completion tokens under `model` at `temperature`, and entropies.
 
-    Differentiable in the log-probs when grad is enabled; entropies are detached.
+    Differentiable in the log-probs when grad is enabled; entropies are detached unless
+    `entropy_grad` (for an entropy bonus), computed in the same chunked head pass either way.
     """
     decoder = model.get_decoder()
     lm_head = model.get_output_embeddings()
@@ -69,7 +71,7 @@ def completion_logprobs(
     for start in range(0, flat.shape[0], chunk):
         h, t = flat[start : start + chunk], flat_targets[start : start + chunk]
         if torch.is_grad_enabled():
-            lp, ent = checkpoint(_head, lm_head, h, t, temperature, use_reentrant=False)
+            lp, ent = checkpoint(_head, lm_head, h, t, temperature, entropy_grad, use_reentrant=False)
         else:
             lp, ent = _head(lm_head, h, t, temperature)
         logps.append(lp)

@@ -20,8 +20,9 @@ import torch
 
 from adarl import registry
 from adarl.budget import Budget
-from adarl.config import Recipe, dump_recipe
+from adarl.config import AdaptiveTemperature, Recipe, dump_recipe
 from adarl.loss.aggregate import sequence_weights
+from adarl.loss.base import LossInputs
 from adarl.metrics.progress import Progress
 from adarl.metrics.sinks import MetricsWriter, read_jsonl
 from adarl.models import chat_ids, load_model, load_reference
@@ -29,6 +30,8 @@ from adarl.rewards import Rewards
 from adarl.rollout.hf import HfGenerator
 from adarl.select.store import DifficultyStore
 from adarl.tasks.base import build_task
+from adarl.tokens.base import batch_entropies
+from adarl.tokens.entropy import EntropyStats
 from adarl.train import checkpoint
 from adarl.train.checkpoint import crash_point
 from adarl.train.logprobs import completion_logprobs, pack
@@ -61,6 +64,7 @@ class Trainer:
         self._check_feasible()
         self.rewards = Rewards(recipe.rewards, workers=recipe.reward_workers, timeout_s=recipe.reward_timeout_s)
         self.model, self.tokenizer = load_model(recipe.model, for_training=True)
+        self.shapings = [registry.build("shaping", spec) for spec in recipe.shaping]
         self.loss_fn = registry.build("loss", recipe.loss)
         self.reference = None
         if self.loss_fn.kl_coef > 0 and recipe.model.lora is None:
@@ -68,6 +72,7 @@ class Trainer:
         self.selector = registry.build("select", recipe.select)
         self.allocator = registry.build("allocate", recipe.allocate)
         self.estimator = registry.build("advantage", recipe.advantage)
+        self.token_weightings = [registry.build("tokens", spec) for spec in recipe.tokens]
         self.generator = HfGenerator(self.model, self.tokenizer, recipe.rollout, seed=recipe.seed)
         self.budget = Budget(recipe.budget.max_tokens, recipe.budget.tokens_per_step,
                              recipe.budget.rollouts_per_step, expected_length=recipe.rollout.max_new_tokens)
@@ -87,6 +92,7 @@ class Trainer:
         self.bad_updates_in_a_row = 0
         self._poisoned = False  # a micro-batch of the pending update had a non-finite loss
         self.wall_offset = 0.0
+        self.entropy_stats: EntropyStats | None = None  # of the last batch (HAPO ĥ)
 
     # ---------------------------------------------------------------- setup
 
@@ -152,6 +158,11 @@ class Trainer:
         t0 = time.perf_counter()
         for key, value in self.rewards.score(fresh).items():
             metrics[key] = metrics.get(key, 0.0) + value if key.startswith(("reward_", "verify")) else value
+        for shaping in self.shapings:
+            shaping(fresh, self.recipe.rollout.max_new_tokens)
+            column = np.concatenate([g.rewards[:, g.reward_names.index(shaping.column)] for g in fresh])
+            metrics[f"reward/{shaping.column}"] = float(column.mean())
+            metrics.update({f"shaping/{k}": v for k, v in getattr(shaping, "metrics", dict)().items()})
         metrics["verify_s"] = metrics.get("verify_s", 0.0) + time.perf_counter() - t0
         self.store.update(fresh, self.step + 1)
         for g in fresh:
@@ -181,13 +192,18 @@ class Trainer:
         t0 = time.perf_counter()
         if batch.groups:
             batch.advantages = self.estimator(batch)
-            metrics["effective_token_fraction"] = self._effective_tokens(batch) / max(self.budget.step_tokens, 1)
-            metrics.update(self.update(batch))
+            self._fit_entropy_stats(batch)
+            weights = self.token_weights(batch, metrics)
+            metrics["effective_token_fraction"] = (self._effective_tokens(batch, weights)
+                                                   / max(self.budget.step_tokens, 1))
+            metrics.update(self.update(batch, weights))
         else:  # every group was filtered out: nothing to learn from this step
             metrics["effective_token_fraction"] = 0.0
         metrics["train_s"] = time.perf_counter() - t0
         self.last_groups = generated
         self.generator.update_weights()
+        if self.recipe.rollout.adaptive_temperature is not None:  # HAPO: sampling uses this step's ĥ statistics
+            self.generator.set_entropy_stats(self.entropy_stats)
         self.step += 1
         metrics["step_s"] = time.perf_counter() - t_step
         metrics["tokens_per_s"] = self.budget.step_tokens / max(metrics.get("generate_s", 0.0), 1e-9)
@@ -204,10 +220,37 @@ class Trainer:
                 "selected/pass_estimate_q75": float(q75),
                 "selected/unseen_fraction": float(np.mean(self.store.last_step[chosen] < 0)) if chosen else 0.0}
 
+    def progress(self) -> float:
+        """The fraction of the run done, by whichever budget ends it first (for schedules)."""
+        b = self.recipe.budget
+        done = [self.step / b.max_steps if b.max_steps else 0.0,
+                self.budget.tokens / b.max_tokens if b.max_tokens else 0.0]
+        return min(1.0, max(done))
+
+    def _fit_entropy_stats(self, batch: Batch) -> None:
+        """HAPO's ĥ statistics over the batch's tokens, once per step, for losses and the sampler."""
+        if self.loss_fn.needs_entropy or self.recipe.rollout.adaptive_temperature is not None:
+            pivot = (self.recipe.rollout.adaptive_temperature or AdaptiveTemperature()).pivot
+            self.entropy_stats = EntropyStats.fit(np.concatenate(batch_entropies(batch)), pivot)
+
+    def token_weights(self, batch: Batch, metrics: dict[str, Any]) -> list[np.ndarray] | None:
+        """Per-token weights from the recipe's token weightings (None: every token weighs 1)."""
+        if not self.token_weightings:
+            return None
+        weights = [np.ones(len(r)) for r in batch.rollouts]
+        for weighting in self.token_weightings:
+            weights = weighting(batch, weights, self.progress())
+        kept = sum(int((w > 0).sum()) for w in weights)
+        metrics["tokens/kept_fraction"] = kept / max(sum(len(w) for w in weights), 1)
+        metrics["tokens/kept_rollout_fraction"] = float(np.mean([bool((w > 0).any()) for w in weights]))
+        return weights
+
     @staticmethod
-    def _effective_tokens(batch: Batch) -> int:
-        """Generated tokens that carry a non-zero advantage."""
-        return int(sum(len(r) for r, a in zip(batch.rollouts, batch.advantages, strict=True) if a != 0.0))
+    def _effective_tokens(batch: Batch, weights: list[np.ndarray] | None = None) -> int:
+        """Generated tokens that carry a non-zero advantage (after token weighting)."""
+        if weights is None:
+            return int(sum(len(r) for r, a in zip(batch.rollouts, batch.advantages, strict=True) if a != 0.0))
+        return int(sum(int((w > 0).sum()) for w, a in zip(weights, batch.advantages, strict=True) if a != 0.0))
 
     @staticmethod
     def _batch_metrics(generated: list[Group], batch: Batch) -> dict[str, Any]:
@@ -250,11 +293,13 @@ class Trainer:
             out.append(current)
         return out
 
-    def _forward(self, batch_rows: list[tuple[list[int], list[int]]], grad: bool, model=None):
+    def _forward(self, batch_rows: list[tuple[list[int], list[int]]], grad: bool, model=None,
+                 entropy_grad: bool = False):
         packed = pack([p for p, _ in batch_rows], [c for _, c in batch_rows], self.pad_id)
         with torch.set_grad_enabled(grad):
             logp, ent = completion_logprobs(
-                model or self.model, packed, self.recipe.rollout.temperature, self.recipe.train.logit_chunk
+                model or self.model, packed, self.recipe.rollout.temperature, self.recipe.train.logit_chunk,
+                entropy_grad=entropy_grad,
             )
         return packed, logp, ent
 
@@ -265,7 +310,7 @@ class Trainer:
             with self.model.disable_adapter():  # LoRA: the base model is the reference
                 return self._forward(rows, grad=False)[1]
 
-    def update(self, batch: Batch) -> dict[str, float]:
+    def update(self, batch: Batch, weights: list[np.ndarray] | None = None) -> dict[str, float]:
         crash_point("backward", self.step + 1)
         skipped_before = self.skipped_updates
         rollouts = batch.rollouts
@@ -273,13 +318,19 @@ class Trainer:
         rows = [(p, r.completion_ids) for p, r in zip(prompts, rollouts, strict=True)]
         lengths = [len(p) + len(c) for p, c in rows]
         adv = batch.advantages
+        if weights is None:
+            weights = [np.ones(len(r)) for r in rollouts]
+        kept = [int((w > 0).sum()) for w in weights]  # tokens in the loss and in agg's count
         kl_on = self.loss_fn.kl_coef > 0
+        every_rollout = kl_on or self.loss_fn.entropy_coef > 0  # terms that do not vanish with A = 0
         loss_cfg = self.recipe.loss
         max_len = loss_cfg.get("max_len") or self.recipe.rollout.max_new_tokens
         t = self.recipe.train
         on_policy = t.mini_batches == 1 and t.epochs == 1
-        # rollouts whose advantage is 0 carry no policy gradient: no forward/backward for them
-        active = [i for i in range(len(rollouts)) if kl_on or adv[i] != 0.0]
+        # rollouts whose advantage is 0 carry no policy gradient: no forward/backward for them;
+        # rollouts whose tokens were all dropped by token weighting are not in the batch at all
+        in_batch = [i for i in range(len(rollouts)) if kept[i] > 0]
+        active = [i for i in in_batch if every_rollout or adv[i] != 0.0]
         sums: dict[str, float] = {"tokens_trained": 0.0}
         if not active:
             return {"trained_fraction": 0.0, "skipped_updates": float(self.skipped_updates),
@@ -293,39 +344,53 @@ class Trainer:
                 for j, i in enumerate(mb):
                     old_logp[i] = logp[j, : len(rows[i][1])]
 
-        minibatches = np.array_split(self.np_rng.permutation(len(rollouts)), t.mini_batches)
+        minibatches = np.array_split(np.asarray(in_batch)[self.np_rng.permutation(len(in_batch))], t.mini_batches)
         grad_norms = []
         active_set = set(active)
         for _ in range(t.epochs):
             for mb_all in minibatches:
                 mb_all = sorted(mb_all.tolist())
-                w_all = sequence_weights(np.array([len(rows[i][1]) for i in mb_all]), self.loss_fn.agg, max_len)
+                w_all = sequence_weights(np.array([kept[i] for i in mb_all]), self.loss_fn.agg, max_len)
                 weight = dict(zip(mb_all, w_all, strict=True))
                 todo = [i for i in mb_all if i in active_set]
                 for micro in self._micro_batches(todo, lengths):
-                    self._micro_step(micro, rows, adv, weight, old_logp, on_policy, kl_on, sums)
+                    self._micro_step(micro, rows, adv, weights, weight, old_logp, on_policy, kl_on, sums, rollouts)
                 grad_norms.append(self._optimizer_step())
         n_tok = max(sums.pop("tokens_trained"), 1.0)
         out = {k: v / n_tok for k, v in sums.items()}
         out["grad_norm"] = float(np.mean(grad_norms))
         out["trained_fraction"] = len(active) / len(rollouts)
+        if self.entropy_stats is not None and self.loss_fn.needs_entropy:
+            out["entropy_pivot"] = float(np.exp(self.entropy_stats.median))
         out["skipped_updates"] = float(self.skipped_updates)
         out["step_skipped_updates"] = float(self.skipped_updates - skipped_before)
         return out
 
-    def _micro_step(self, micro, rows, adv, weight, old_logp, on_policy, kl_on, sums) -> None:
-        packed, logp, ent = self._forward([rows[i] for i in micro], grad=True)
-        mask = packed.completion_mask.float()
-        if on_policy:
-            old = logp.detach()
-        else:
-            old = torch.zeros_like(logp)
-            for j, i in enumerate(micro):
-                old[j, : len(rows[i][1])] = old_logp[i]
-        ref = self._reference_logprobs([rows[i] for i in micro]) if kl_on else None
-        a = torch.tensor([adv[i] for i in micro], dtype=torch.float32)[:, None].expand_as(logp)
+    @staticmethod
+    def _padded(values: list, like: torch.Tensor) -> torch.Tensor:
+        """Right-pad per-rollout token sequences into a tensor shaped like `like` (B, T)."""
+        out = torch.zeros_like(like, dtype=torch.float32)
+        for j, v in enumerate(values):
+            out[j, : len(v)] = torch.as_tensor(np.asarray(v, dtype=np.float32))
+        return out
+
+    def _micro_step(self, micro, rows, adv, token_w, weight, old_logp, on_policy, kl_on, sums, rollouts) -> None:
+        entropy_grad = self.loss_fn.entropy_coef > 0
+        packed, logp, ent = self._forward([rows[i] for i in micro], grad=True, entropy_grad=entropy_grad)
+        tw = self._padded([token_w[i] for i in micro], logp)
+        mask = packed.completion_mask.float() * (tw > 0).float()
+        old = logp.detach() if on_policy else self._padded([old_logp[i] for i in micro], logp)
+        a = torch.tensor([adv[i] for i in micro], dtype=torch.float32)[:, None] * tw
+        x = LossInputs(logp=logp, old_logp=old, adv=a, mask=mask,
+                       ref_logp=self._reference_logprobs([rows[i] for i in micro]) if kl_on else None,
+                       beh_logp=self._padded([rollouts[i].logprobs for i in micro], logp),
+                       entropy_live=ent if entropy_grad else None)
+        if self.loss_fn.needs_entropy:
+            x.entropy = self._padded([rollouts[i].entropies for i in micro], logp)
+            x.entropy_norm = self.entropy_stats.normalise(x.entropy)
+        ent = ent.detach()
         w = torch.tensor([weight[i] for i in micro], dtype=torch.float32)[:, None]
-        per_token, stats = self.loss_fn(logp, old, a, mask, ref_logp=ref)
+        per_token, stats = self.loss_fn(x)
         loss = (per_token * mask * w).sum()
         if torch.isfinite(loss):
             loss.backward()

@@ -1,0 +1,79 @@
+"""Shared by the equal-budget benchmarks: a resumable queue of training runs and their curves.
+
+A run is one recipe + overrides trained to a token budget under `runs/<...>/seed<S>`. Finished
+runs (those with a `final/` folder) are read back, not redone. Several processes can work
+through one benchmark: each claims a run (an O_EXCL file holding its pid) before training it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from adarl.config import load_recipe
+from adarl.train.trainer import Trainer
+
+
+def claim(run_dir: Path) -> bool:
+    """Take the run for this process; False if a live process already has it."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / ".claim"
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        try:
+            os.kill(int(path.read_text() or 0), 0)
+            return False  # its owner is alive
+        except (ProcessLookupError, ValueError):
+            path.unlink(missing_ok=True)  # left by a dead process
+            return claim(run_dir)
+    os.write(fd, str(os.getpid()).encode())
+    os.close(fd)
+    return True
+
+
+def train_run(recipe: str, overrides: list[str], run_dir: Path, label: str, report_only: bool = False
+              ) -> list[dict] | None:
+    """The run's metrics rows, training it first unless done. None if it is not done and another
+    process is on it, or `report_only`."""
+    if not (run_dir / "final").exists():
+        if report_only or not claim(run_dir):
+            return None
+        print(f"[{os.getpid()}] {label}", flush=True)
+        try:
+            Trainer(load_recipe(recipe, overrides), run_dir).run()
+        finally:
+            (run_dir / ".claim").unlink(missing_ok=True)
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def budget_overrides(seed: int, budget: int, eval_every: int, eval_size: int, threads: int | None) -> list[str]:
+    out = [f"seed={seed}", f"budget.max_tokens={budget}", "budget.max_steps=null", f"eval.every={eval_every}",
+           f"eval.size={eval_size}", "checkpoint.every=0", "log.progress=false", "log.tensorboard=false"]
+    return out + ([f"model.threads={threads}"] if threads else [])
+
+
+def curve(rows: list[dict]) -> tuple[np.ndarray, np.ndarray]:
+    points = [(r["tokens"], r["eval/pass@1"]) for r in rows if "eval/pass@1" in r]
+    return np.array([p[0] for p in points], float), np.array([p[1] for p in points], float)
+
+
+def tokens_to_reach(tokens: np.ndarray, acc: np.ndarray, target: float) -> float | None:
+    """First token count at which the piecewise-linear curve reaches `target`."""
+    if len(acc) and acc[0] >= target:
+        return float(tokens[0])
+    for i in range(1, len(acc)):
+        if acc[i] >= target:
+            f = (target - acc[i - 1]) / (acc[i] - acc[i - 1])
+            return float(tokens[i - 1] + f * (tokens[i] - tokens[i - 1]))
+    return None
+
+
+def mean_curve(curves: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """Seed-mean pass@1 on a common token grid, up to the shortest run."""
+    end = min(tok[-1] for tok, _ in curves)
+    grid = np.unique(np.concatenate([tok[tok <= end] for tok, _ in curves] + [np.array([end])]))
+    return grid, np.mean([np.interp(grid, tok, acc) for tok, acc in curves], axis=0)
