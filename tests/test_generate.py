@@ -1,13 +1,14 @@
 """The hf generator: same tokens as transformers' greedy search, log-probs the trainer agrees with."""
 
+import numpy as np
 import pytest
 import torch
 
 from adarl.config import ModelConfig, RolloutConfig
 from adarl.models import chat_ids, load_model
-from adarl.rollout.hf import HfGenerator
+from adarl.rollout.hf import HfGenerator, Progress, SampleStream, splitmix64, uniforms
 from adarl.train.logprobs import completion_logprobs, pack
-from adarl.types import Request
+from adarl.types import Request, Rollout
 
 
 @pytest.fixture(scope="module")
@@ -136,3 +137,155 @@ def test_greedy_entropies_at_temperature_one(model_and_tokenizer):
             atol=1e-4, rtol=1e-4,
         )
     assert gen.last_temperature_mean is None
+
+
+# ---------------------------------------------------------------- per-row sampling keys and partial rollouts
+
+def test_splitmix64_matches_the_reference_sequence():
+    """splitmix64 from state 0 (Vigna's reference): outputs 0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4."""
+    assert int(splitmix64(0)[0]) == 0xE220A8397B1DCDAF
+    assert int(splitmix64(0x9E3779B97F4A7C15)[0]) == 0x6E789E6AA1B965F4  # state after one step: 0 + γ
+    u = uniforms(np.array([1, 1, 2], dtype=np.uint64), np.array([0, 1, 0]))
+    assert ((u > 0) & (u < 1)).all() and len(set(u.tolist())) == 3
+    # u = (top 53 bits + 1/2) / 2^53 of splitmix64(key ^ splitmix64(t))
+    h = int(splitmix64(1 ^ int(splitmix64(0)[0]))[0])
+    assert u[0] == ((h >> 11) + 0.5) / 2.0**53
+
+
+def test_keys_are_a_function_of_seed_call_request_and_row():
+    stream = SampleStream(5)
+    reqs = [Request("a", [1], 2), Request("b", [1], 1)]
+    first = stream.new_keys(reqs)
+    assert stream.calls == 1 and len(set(first)) == 3
+    assert SampleStream(5).new_keys(reqs) == first
+    assert SampleStream(6).new_keys(reqs) != first
+    assert stream.new_keys(reqs) != first  # the next call draws new keys
+    assert SampleStream(5).new_keys([Request("z", [9, 9], 2)]) == first[:2]  # not the prompt: its place
+
+
+def test_a_rows_tokens_do_not_depend_on_its_batch(model_and_tokenizer):
+    """Same key, same tokens: alone, in a batch of 7, decoded 3 rows at a time."""
+    model, tok = model_and_tokenizer
+    ids = prompts(tok, ["What is 12+34?", "Hi"])
+    reqs = [Request("a", ids[0], 4), Request("b", ids[1], 3)]
+    cfg = RolloutConfig(max_new_tokens=12, temperature=0.8)
+    gen = HfGenerator(model, tok, cfg, seed=4)
+    keys = gen.new_keys(reqs)
+    together = gen.generate(reqs, keys=keys)
+    chunked = HfGenerator(model, tok, cfg.model_copy(update={"max_batch": 3}), seed=99).generate(reqs, keys=keys)
+    prompt_of = [ids[0]] * 4 + [ids[1]] * 3
+    for j, (a, b) in enumerate(zip(together, chunked, strict=True)):
+        alone = gen.generate([Request("x", prompt_of[j], 1)], keys=[keys[j]])[0]
+        assert a.completion_ids == b.completion_ids == alone.completion_ids
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(alone.logprobs), atol=1e-5, rtol=0)
+    assert len({tuple(r.completion_ids) for r in together}) == 7  # different keys, different rows
+
+
+def test_state_dict_resumes_the_same_samples_and_greedy_draws_nothing(model_and_tokenizer):
+    model, tok = model_and_tokenizer
+    ids = prompts(tok, ["Hi"])
+    gen = HfGenerator(model, tok, RolloutConfig(max_new_tokens=6), seed=8)
+    gen.generate([Request("a", ids[0], 2)])
+    state = gen.state_dict()
+    assert state["rng"] == {"seed": 8, "calls": 1}
+    gen.generate([Request("a", ids[0], 1)], greedy=True)
+    assert gen.rng.calls == 1
+    expected = gen.generate([Request("a", ids[0], 3)])
+    restored = HfGenerator(model, tok, RolloutConfig(max_new_tokens=6), seed=0)
+    restored.load_state_dict(state)
+    assert [r.completion_ids for r in restored.generate([Request("a", ids[0], 3)])] == [
+        r.completion_ids for r in expected]
+
+
+def pause_after(k: int):
+    """A stop_when that stops after k decoding steps."""
+    calls = []
+
+    def stop(progress: Progress) -> bool:
+        calls.append(progress.rows_finished)
+        return len(calls) >= k
+
+    return stop
+
+
+def continue_partials(gen, prompt_of, paused, keys):
+    """Continue every partial row from prompt + its tokens with its own key; join the pieces."""
+    todo = [j for j, r in enumerate(paused) if r.finish_reason == "partial"]
+    more = gen.generate([Request(paused[j].prompt_id, prompt_of[j], 1, list(paused[j].completion_ids)) for j in todo],
+                        keys=[keys[j] for j in todo])
+    joined = list(paused)
+    for j, m in zip(todo, more, strict=True):
+        p = paused[j]
+        joined[j] = Rollout(p.prompt_id, p.completion_ids + m.completion_ids, p.logprobs + m.logprobs,
+                            m.finish_reason, entropies=p.entropies + m.entropies)
+    return joined, len(todo)
+
+
+@pytest.mark.parametrize("straddle", [False, True])
+def test_paused_and_continued_equals_generated_straight(model_and_tokenizer, straddle):
+    """k tokens, pause, continue from prompt + prefix: the same ids, log-probs within 1e-5.
+
+    With `straddle`, a two-character stop string is the last prefix token and the first new one:
+    the continuation must see the prefix to stop where the straight row stopped.
+    """
+    model, tok = model_and_tokenizer
+    ids = prompts(tok, ["What is 12+34?", "Hi"])
+    reqs = [Request("a", ids[0], 3), Request("b", ids[1], 3)]
+    prompt_of = [ids[0]] * 3 + [ids[1]] * 3
+    k, cfg = 5, RolloutConfig(max_new_tokens=14, temperature=0.9, stop=["e", "1"])
+    gen = HfGenerator(model, tok, cfg, seed=6)
+    keys = gen.new_keys(reqs)
+    if straddle:
+        free = HfGenerator(model, tok, cfg.model_copy(update={"stop": []})).generate(reqs, keys=keys)
+        cfg = cfg.model_copy(update={"stop": [free[0].text[k - 1 : k + 1]]})
+        gen = HfGenerator(model, tok, cfg)
+    straight = gen.generate(reqs, keys=keys)
+    paused = gen.generate(reqs, keys=keys, stop_when=pause_after(k))
+    for s, p in zip(straight, paused, strict=True):
+        if p.finish_reason == "partial":
+            assert len(p) == k and s.completion_ids[:k] == p.completion_ids
+        else:  # finished within k tokens: nothing to continue
+            assert len(s) <= k and s.completion_ids == p.completion_ids and s.finish_reason == p.finish_reason
+    joined, n_continued = continue_partials(gen, prompt_of, paused, keys)
+    assert n_continued >= 2
+    if straddle:
+        assert straight[0].finish_reason == "stop" and len(straight[0]) == k + 1
+    for s, j in zip(straight, joined, strict=True):
+        assert j.completion_ids == s.completion_ids and j.finish_reason == s.finish_reason
+        torch.testing.assert_close(torch.tensor(j.logprobs), torch.tensor(s.logprobs), atol=1e-5, rtol=0)
+        torch.testing.assert_close(torch.tensor(j.entropies), torch.tensor(s.entropies), atol=1e-5, rtol=0)
+    assert any(len(s) > k + 1 for s in straight)  # the continuation generated more than one token
+
+
+def test_prefix_counts_towards_max_new_tokens(model_and_tokenizer):
+    model, tok = model_and_tokenizer
+    ids = prompts(tok, ["Hi"])
+    gen = HfGenerator(model, tok, RolloutConfig(max_new_tokens=6, temperature=0.5), seed=1)
+    (r,) = gen.generate([Request("a", ids[0], 1, prefix_ids=[10, 11, 12, 13])])
+    assert len(r) <= 2 and (len(r) == 2 or r.finish_reason == "stop")
+    assert r.token_versions == [0] * len(r)
+    (full,) = gen.generate([Request("a", ids[0], 1, prefix_ids=[10] * 6)])
+    assert full.completion_ids == [] and full.finish_reason == "length"
+
+
+def test_stop_when_sees_rows_and_groups_finished(model_and_tokenizer):
+    """Stop once one group is done: every row of some request finished, the others are partial or done."""
+    model, tok = model_and_tokenizer
+    ids = prompts(tok, ["What is 12+34?", "Hi"])
+    gen = HfGenerator(model, tok, RolloutConfig(max_new_tokens=16, stop=["e", "1", " "]), seed=3)
+    seen = []
+
+    def one_group(progress: Progress) -> bool:
+        seen.append((progress.rows_finished, progress.groups_finished))
+        return progress.groups_finished >= 1
+
+    rollouts = gen.generate([Request("a", ids[0], 2), Request("b", ids[1], 2)], stop_when=one_group)
+    finished = [r.finish_reason != "partial" for r in rollouts]
+    assert seen[-1] == (sum(finished), 1) and all(g < 1 for _, g in seen[:-1])
+    assert finished[:2] == [True, True] or finished[2:] == [True, True]
+    assert "partial" in {r.finish_reason for r in rollouts}
+
+
+def test_progress_counts():
+    p = Progress([True, False, True, True, False], [0, 0, 1, 1, 2])
+    assert (p.rows_finished, p.groups_finished) == (3, 1)

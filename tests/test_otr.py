@@ -6,6 +6,7 @@ import math
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from adarl.config import load_recipe
 from adarl.loss.otr import nll_token_loss, otr_token_loss
@@ -117,3 +118,21 @@ def test_run_sft_raises_target_logprob(tiny_model_dir, tmp_path, objective):
     assert np.mean(logp[-3:]) > np.mean(logp[:3]) + 1.0, logp
     assert ("hit_fraction" in rows[-1]) == (objective == "otr")
     assert (tmp_path / "run" / "final" / "config.json").is_file()
+
+
+def test_sft_command_line(tiny_model_dir, tmp_path):
+    from typer.testing import CliRunner
+
+    from adarl.cli import app
+
+    data = recipe_data(tiny_model_dir, write_task(tmp_path), log={"tensorboard": False})
+    data["rewards"] = [{"type": "short_answer"}]
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(data))
+    run = tmp_path / "sft"
+    result = CliRunner().invoke(app, ["sft", str(recipe), "--steps", "2", "--k", "4", "--run-dir", str(run)])
+    assert result.exit_code == 0, result.output
+    assert "target_logprob=" in result.output
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 2
+    bad = CliRunner().invoke(app, ["sft", str(recipe), "--objective", "dpo"])
+    assert bad.exit_code == 2 and "otr" in bad.output

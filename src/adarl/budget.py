@@ -26,8 +26,10 @@ class Budget:
         self.step_tokens = 0
         self.step_rollouts = 0
 
-    def spend(self, rollouts: list[Rollout]) -> None:
-        tokens = sum(len(r) for r in rollouts)
+    def spend(self, rollouts: list[Rollout], tokens: int | None = None) -> None:
+        """Count `rollouts`; `tokens` is what generating them cost when that differs from their
+        length (partial rollouts: tokens sampled this call, including rollouts still unfinished)."""
+        tokens = sum(len(r) for r in rollouts) if tokens is None else tokens
         self.step_tokens += tokens
         self.total_tokens += tokens
         self.step_rollouts += len(rollouts)

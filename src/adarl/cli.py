@@ -1,4 +1,4 @@
-"""The `adarl` command line: train, eval, compare, report."""
+"""The `adarl` command line: train, sft, eval, compare, report."""
 
 from __future__ import annotations
 
@@ -82,6 +82,35 @@ def train(
     keys = [k for k in ("step", "tokens", "reward", "pass_rate", "eval/pass@1") if k in last]
     typer.echo("done: " + ", ".join(f"{k}={last[k]:.4g}" if isinstance(last[k], float) else f"{k}={last[k]}"
                                    for k in keys) + f"  (run directory: {target})")
+
+
+@app.command()
+def sft(
+    recipe: Annotated[str, typer.Argument(help="recipe YAML file (model, task, train, budget.max_steps)")],
+    overrides: Annotated[list[str] | None, typer.Argument(help="dotted.key=value overrides")] = None,
+    objective: Annotated[str, typer.Option("--objective", help="otr (One-Token Rollout) or nll")] = "otr",
+    k: Annotated[int, typer.Option("--k", min=1, help="OTR: candidate tokens sampled per position")] = 8,
+    steps: Annotated[int | None, typer.Option("--steps", min=1, help="default: budget.max_steps")] = None,
+    run_dir: Annotated[Path | None, typer.Option("--run-dir", help="where the run is written")] = None,
+) -> None:
+    """Supervised fine-tuning on the task's (prompt, answer) pairs, with OTR or plain NLL."""
+    from adarl.config import RecipeError, load_recipe
+
+    if objective not in ("otr", "nll"):
+        _fail(f"--objective must be 'otr' or 'nll', got {objective!r}")
+    try:
+        loaded = load_recipe(recipe, overrides or [])
+    except RecipeError as err:
+        _fail(str(err))
+    from adarl.train.sft import run_sft
+
+    target = run_dir or Path("runs") / f"{loaded.name}-sft-{objective}"
+    try:
+        last = run_sft(loaded, target, objective, steps=steps, k=k)  # type: ignore[arg-type]
+    except (FileNotFoundError, ValueError) as err:
+        _fail(str(err))
+    typer.echo(f"done: step={last.get('step')}, loss={last.get('loss', float('nan')):.4g}, "
+               f"target_logprob={last.get('target_logprob', float('nan')):.4g}  (run directory: {target})")
 
 
 EVAL_HELP = (

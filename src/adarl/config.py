@@ -99,6 +99,14 @@ class AdaptiveTemperature(Section):
     pivot: float = Field(0.8, gt=0.0, lt=1.0)  # the log-entropy quantile ĥ is centred on
 
 
+class SchedulerConfig(Section):
+    """How generation is scheduled across steps (rollout/scheduler.py; APRIL, algorithms.md §3.1)."""
+
+    mode: Literal["sync", "partial"] = "sync"
+    over_provision: float = Field(2.0, ge=1.0)  # groups submitted per group needed (APRIL: 64 / 32)
+    max_age: int = Field(4, ge=1)  # a group with a token this many versions old is finished first
+
+
 class RolloutConfig(Section):
     backend: Literal["hf"] = "hf"
     temperature: float = Field(1.0, gt=0.0)
@@ -107,6 +115,7 @@ class RolloutConfig(Section):
     stop: list[str] = []
     max_batch: int = Field(64, gt=0)  # rows decoded at once
     adaptive_temperature: AdaptiveTemperature | None = None  # HAPO; None = fixed temperature
+    scheduler: SchedulerConfig = SchedulerConfig()  # sync, or APRIL partial rollouts
 
 
 class BudgetConfig(Section):

@@ -33,7 +33,8 @@ _BUILTINS = {
     "advantage": ["adarl.advantage.grpo", "adarl.advantage.rloo", "adarl.advantage.reinforce_pp",
                   "adarl.advantage.xrpo", "adarl.advantage.rdpo", "adarl.advantage.hapo", "adarl.advantage.hbpo"],
     "tokens": ["adarl.tokens.d3s", "adarl.tokens.high_entropy"],
-    "loss": ["adarl.loss.ppo", "adarl.loss.gspo", "adarl.loss.bapo", "adarl.loss.hapo", "adarl.loss.aepo"],
+    "loss": ["adarl.loss.ppo", "adarl.loss.gspo", "adarl.loss.bapo", "adarl.loss.hapo", "adarl.loss.aepo",
+             "adarl.loss.decoupled"],
 }
 _loaded = False
 

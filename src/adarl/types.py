@@ -47,6 +47,7 @@ class Rollout:
     text: str = ""
     policy_version: int = 0
     entropies: list[float] | None = None
+    token_versions: list[int] | None = None  # the policy version that sampled each completion token
 
     def __len__(self) -> int:
         return len(self.completion_ids)

@@ -19,12 +19,30 @@ decoding step samples at T_t = T_0·(1 + τ·ĥ_t), ĥ_t the entropy at T_0 norm
 previous training step's `EntropyStats` (`set_entropy_stats`); its behaviour log-prob is then
 taken under T_t, the temperature actually used. Until stats are set, and for greedy decoding,
 the temperature stays T_0.
+
+Sampling is reproducible per row. Each sampled row has a 64-bit key, and the uniform that draws
+its token at completion position t is a counter-based hash u = splitmix64(key, t): a pure function
+of (seed, key, t), whichever other rows share the batch, whatever the batch size or the order the
+rows are decoded in. Fresh rows get keys from (seed, a count of sampling `generate` calls, request
+index, row index) (`new_keys`); the count is the generator's whole random state (`state_dict`).
+
+Partial rollouts (APRIL, algorithms.md §3.1): `generate(..., stop_when=f)` calls f(Progress) after
+every decoding step and stops when it returns True; unfinished rows come back with
+finish_reason "partial" and the tokens, log-probs and entropies sampled so far. A request with
+`prefix_ids` continues such a row from prompt + prefix: pass the row's key (`keys=`) and, with
+the same weights, it samples exactly the tokens the uninterrupted row would have (its log-probs
+differ only by float rounding: the prefix is pre-filled instead of decoded step by step). The
+prefix counts towards max_new_tokens, and the returned rollout holds only the tokens of this
+call (`RolloutScheduler` joins the pieces).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
@@ -32,13 +50,79 @@ from adarl.config import RolloutConfig
 from adarl.tokens.entropy import EntropyStats
 from adarl.types import FinishReason, Request, Rollout
 
+_MASK64 = (1 << 64) - 1
+_GAMMA, _MIX1, _MIX2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+
+
+def splitmix64(x: np.ndarray) -> np.ndarray:
+    """The splitmix64 output function of x + γ, element-wise on uint64 (wrapping arithmetic)."""
+    z = np.atleast_1d(np.asarray(x, dtype=np.uint64)) + _GAMMA
+    z = (z ^ (z >> np.uint64(30))) * _MIX1
+    z = (z ^ (z >> np.uint64(27))) * _MIX2
+    return z ^ (z >> np.uint64(31))
+
+
+def uniforms(keys: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """u ∈ (0, 1) for each (row key, completion position): 53 hashed bits, centred in their cell."""
+    h = splitmix64(np.asarray(keys, dtype=np.uint64) ^ splitmix64(np.asarray(positions, dtype=np.uint64)))
+    return ((h >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53
+
+
+class SampleStream:
+    """The generator's random state: a seed and how many sampling `generate` calls used it.
+
+    `get_state` / `set_state` mirror torch.Generator's so that a caller can draw an aside (an
+    evaluation) and put the stream back where it was.
+    """
+
+    def __init__(self, seed: int) -> None:
+        self.seed = int(seed) & _MASK64
+        self.calls = 0
+
+    def get_state(self) -> dict[str, int]:
+        return {"seed": self.seed, "calls": self.calls}
+
+    def set_state(self, state: dict[str, int]) -> None:
+        self.seed, self.calls = int(state["seed"]), int(state["calls"])
+
+    def new_keys(self, requests: Sequence[Request]) -> list[int]:
+        """One key per row of `requests` (request i's n rows consecutive); moves on to the next call."""
+        request = np.repeat(np.arange(len(requests), dtype=np.uint64), [r.n for r in requests])
+        row = np.concatenate([np.arange(r.n, dtype=np.uint64) for r in requests] or [np.zeros(0, np.uint64)])
+        base = splitmix64(splitmix64(np.uint64(self.seed)) ^ np.uint64(self.calls))
+        self.calls += 1
+        return [int(k) for k in splitmix64(splitmix64(base ^ request) ^ row)] if len(row) else []
+
+
+@dataclass
+class Progress:
+    """What `stop_when` sees after every decoding step: a live view, updated in place."""
+
+    row_finished: list[bool]  # per row, in the order the rollouts are returned
+    row_request: list[int]  # the request index of each row
+
+    @property
+    def rows_finished(self) -> int:
+        return sum(self.row_finished)
+
+    @property
+    def groups_finished(self) -> int:
+        """Requests all of whose rows have finished."""
+        open_requests = {req for req, done in zip(self.row_request, self.row_finished, strict=True) if not done}
+        return len(set(self.row_request) - open_requests)
+
+
+StopWhen = Callable[[Progress], bool]
+
 
 @dataclass
 class _Row:
     request: int
-    tokens: list[int]
-    logprobs: list[float]
-    entropies: list[float]
+    key: int
+    prefix: list[int]  # tokens generated before this call (a continued partial rollout)
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    entropies: list[float] = field(default_factory=list)
     finish: FinishReason | None = None
 
 
@@ -59,7 +143,7 @@ class HfGenerator:
         self.model = model
         self.tokenizer = tokenizer
         self.cfg = cfg
-        self.rng = torch.Generator(device="cpu").manual_seed(seed)
+        self.rng = SampleStream(seed)
         self.policy_version = 0
         self.entropy_stats: EntropyStats | None = None  # previous step's, for adaptive temperature
         self.last_temperature_mean: float | None = None  # mean T over the last generate's tokens
@@ -89,24 +173,53 @@ class HfGenerator:
         return {"rng": self.rng.get_state(), "policy_version": self.policy_version, "entropy_stats": stats}
 
     def load_state_dict(self, state: dict) -> None:
-        self.rng.set_state(state["rng"])
+        if isinstance(state["rng"], dict):
+            self.rng.set_state(state["rng"])
+        else:  # a torch.Generator state, from before per-row sampling: its stream cannot be continued
+            warnings.warn("generator state from an older adarl: sampling restarts from the seed", stacklevel=2)
+            self.rng.calls = 0
         self.policy_version = state["policy_version"]
         stats = state.get("entropy_stats")  # absent from state dicts written before it existed
         self.entropy_stats = EntropyStats(**{k: float(v) for k, v in stats.items()}) if stats else None
 
+    def new_keys(self, requests: Sequence[Request]) -> list[int]:
+        """Sampling keys for every row of `requests`, as a sampling `generate(requests)` would assign them."""
+        return self.rng.new_keys(requests)
+
     @torch.inference_mode()
     def generate(
-        self, requests: list[Request], greedy: bool = False, max_new_tokens: int | None = None
+        self, requests: list[Request], greedy: bool = False, max_new_tokens: int | None = None,
+        stop_when: StopWhen | None = None, keys: Sequence[int] | None = None,
     ) -> list[Rollout]:
-        """Rollouts for every request, each request's n rollouts consecutive, in request order."""
+        """Rollouts for every request, each request's n rollouts consecutive, in request order.
+
+        `keys`: one sampling key per row (continue a partial rollout with its own); default: new
+        keys (`new_keys`). Greedy decoding uses no keys and leaves the random state alone.
+        `stop_when`: called after every decoding step; True stops, unfinished rows are "partial".
+        A request with `prefix_ids` continues from prompt + prefix; its rollouts hold only the new tokens.
+        """
         max_new = max_new_tokens or self.cfg.max_new_tokens
-        rows = [_Row(i, [], [], []) for i, req in enumerate(requests) for _ in range(req.n)]
+        n_rows = sum(req.n for req in requests)
+        if keys is None:
+            keys = [0] * n_rows if greedy else self.new_keys(requests)
+        elif len(keys) != n_rows:
+            raise ValueError(f"keys: got {len(keys)}, expected one per row ({n_rows})")
+        row_request = [i for i, req in enumerate(requests) for _ in range(req.n)]
+        rows = [_Row(i, int(key) & _MASK64, list(requests[i].prefix_ids or []))
+                for i, key in zip(row_request, keys, strict=True)]
+        for row in rows:
+            if len(row.prefix) >= max_new:  # the prefix used the whole budget: nothing left to generate
+                row.finish = "length"
+        progress = Progress([row.finish is not None for row in rows], row_request)
+        todo = [j for j, row in enumerate(rows) if row.finish is None]
         self._temperature_sum, self._temperature_count = 0.0, 0
         was_training = self.model.training
         self.model.eval()
         try:
-            for start in range(0, len(rows), self.cfg.max_batch):
-                self._decode(requests, rows[start : start + self.cfg.max_batch], greedy, max_new)
+            for start in range(0, len(todo), self.cfg.max_batch):
+                chunk = todo[start : start + self.cfg.max_batch]
+                if self._decode(requests, rows, chunk, greedy, max_new, progress, stop_when):
+                    break
         finally:
             self.model.train(was_training)
         self.last_temperature_mean = (
@@ -119,9 +232,10 @@ class HfGenerator:
                 completion_ids=r.tokens,
                 logprobs=r.logprobs,
                 entropies=r.entropies,
-                finish_reason=r.finish or "length",
+                finish_reason=r.finish or "partial",
                 text=text,
                 policy_version=self.policy_version,
+                token_versions=[self.policy_version] * len(r.tokens),
             )
             for r, text in zip(rows, texts, strict=True)
         ]
@@ -152,8 +266,9 @@ class HfGenerator:
         cache.batch_select_indices(row_prompt)
         return out.logits[row_prompt, -1].float(), cache, attn[row_prompt], pos[row_prompt, -1] + 1
 
-    def _sample(self, logits: torch.Tensor, greedy: bool) -> _Step:
-        if greedy:
+    def _sample(self, logits: torch.Tensor, greedy: bool, u: np.ndarray | None) -> _Step:
+        """Draw one token per row; `u` holds each row's uniform (unused when greedy)."""
+        if greedy or u is None:
             logp = torch.log_softmax(logits, -1)
             tokens = logits.argmax(-1)
             return _Step(tokens, logp.gather(-1, tokens[:, None])[:, 0], _entropy(logp), None)
@@ -175,25 +290,33 @@ class HfGenerator:
             drop = sorted_p.cumsum(-1) - sorted_p > self.cfg.top_p  # keep the smallest set ≥ top_p
             sorted_p = sorted_p.masked_fill(drop, 0.0)
             probs = torch.zeros_like(probs).scatter(-1, idx, sorted_p)
-        # inverse-CDF sampling: one uniform draw per row instead of one per vocabulary entry
-        # (torch.multinomial draws ~|V| random numbers per row: 10× slower over 49k tokens)
+        # inverse-CDF sampling: one uniform per row instead of one per vocabulary entry
+        # (torch.multinomial draws ~|V| random numbers per row: 10× slower over 49k tokens);
+        # u > 0, so the first cdf entry ≥ u·total is a token of positive probability
         cdf = probs.double().cumsum(-1)
-        u = torch.rand((probs.shape[0], 1), generator=self.rng, dtype=torch.float64) * cdf[:, -1:]
-        tokens = torch.searchsorted(cdf, u).clamp_(max=probs.shape[-1] - 1)[:, 0]
+        target = torch.from_numpy(u).to(cdf.device)[:, None] * cdf[:, -1:]
+        tokens = torch.searchsorted(cdf, target).clamp_(max=probs.shape[-1] - 1)[:, 0]
         return _Step(tokens, logp.gather(-1, tokens[:, None])[:, 0], entropy, temperatures)
 
     def _stopped(self, row: _Row) -> bool:
         if not self.cfg.stop:
             return False
-        tail = self.tokenizer.decode(row.tokens[-self.stop_window :], skip_special_tokens=True)
+        tail = row.tokens[-self.stop_window :]
+        if len(tail) < self.stop_window and row.prefix:  # a stop string may begin in the prefix
+            tail = row.prefix[len(tail) - self.stop_window :] + tail
+        tail = self.tokenizer.decode(tail, skip_special_tokens=True)
         return any(s in tail for s in self.cfg.stop)
 
-    def _decode(self, requests: list[Request], rows: list[_Row], greedy: bool, max_new: int) -> None:
+    def _decode(self, requests: list[Request], all_rows: list[_Row], chunk: list[int], greedy: bool, max_new: int,
+                progress: Progress, stop_when: StopWhen | None) -> bool:
+        """Decode the rows `chunk` of `all_rows` until they finish; True when `stop_when` stopped it."""
+        rows = [all_rows[j] for j in chunk]
         logits, cache, attn, next_pos = self._prefill(requests, rows)
         active = list(range(len(rows)))  # position in the current (compacted) batch -> row
-        done_since_compact = 0
-        for step in range(max_new):
-            draw = self._sample(logits, greedy)
+        keys = np.array([r.key for r in rows], dtype=np.uint64)
+        offsets = np.array([len(r.prefix) for r in rows], dtype=np.int64)  # completion position of step 0
+        for step in range(max_new - int(offsets.min())):
+            draw = self._sample(logits, greedy, None if greedy else uniforms(keys, offsets + step))
             tokens = draw.tokens
             is_eos = torch.isin(tokens, self.eos_ids).tolist()
             floats = [draw.logprobs, draw.entropies] + ([draw.temperatures] if draw.temperatures is not None else [])
@@ -210,18 +333,23 @@ class HfGenerator:
                 self._temperature_count += 1
                 if is_eos[j] or self._stopped(row):
                     row.finish = "stop"
-                elif step + 1 == max_new:
+                elif len(row.prefix) + len(row.tokens) >= max_new:
                     row.finish = "length"
                 else:
                     keep.append(j)
+                if row.finish is not None:
+                    progress.row_finished[chunk[row_i]] = True
+            if stop_when is not None and stop_when(progress):
+                return True
             if not keep:
-                return
+                return False
             done_since_compact = len(active) - len(keep)
             # Compacting copies the cache: do it once enough rows have finished to pay for it.
             if done_since_compact and (done_since_compact * 8 >= len(active) or step % 8 == 7):
                 index = torch.tensor(keep)
                 cache.batch_select_indices(index)
                 attn, next_pos, tokens = attn[index], next_pos[index], tokens[index]
+                keys, offsets = keys[keep], offsets[keep]
                 active = [active[j] for j in keep]
             attn = torch.cat([attn, torch.ones((len(active), 1), dtype=attn.dtype)], dim=-1)
             out = self.model(
@@ -230,6 +358,7 @@ class HfGenerator:
             )
             cache, logits = out.past_key_values, out.logits[:, -1].float()
             next_pos = next_pos + 1
+        return False
 
 
 def _entropy(logp: torch.Tensor, probs: torch.Tensor | None = None) -> torch.Tensor:

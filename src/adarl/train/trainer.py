@@ -9,6 +9,7 @@ The trainer composes stages and knows nothing about which method each one is.
 from __future__ import annotations
 
 import json
+import math
 import random
 import sys
 import time
@@ -28,6 +29,7 @@ from adarl.metrics.sinks import MetricsWriter, read_jsonl
 from adarl.models import chat_ids, load_model, load_reference
 from adarl.rewards import Rewards
 from adarl.rollout.hf import HfGenerator
+from adarl.rollout.scheduler import RolloutScheduler
 from adarl.select.store import DifficultyStore
 from adarl.tasks.base import build_task
 from adarl.tokens.base import batch_entropies
@@ -74,6 +76,8 @@ class Trainer:
         self.estimator = registry.build("advantage", recipe.advantage)
         self.token_weightings = [registry.build("tokens", spec) for spec in recipe.tokens]
         self.generator = HfGenerator(self.model, self.tokenizer, recipe.rollout, seed=recipe.seed)
+        self.rollouts = RolloutScheduler(self.generator, recipe.rollout.scheduler)
+        self.problems_by_id = {p.id: p for p in self.task.train}
         self.budget = Budget(recipe.budget.max_tokens, recipe.budget.tokens_per_step,
                              recipe.budget.rollouts_per_step, expected_length=recipe.rollout.max_new_tokens)
         self.np_rng = np.random.default_rng(recipe.seed)
@@ -142,14 +146,33 @@ class Trainer:
 
     # ---------------------------------------------------------------- one step
 
+    def _spare_requests(self, requests: list[Request]) -> list[Request]:
+        """APRIL over-provisioning: extra prompts the scheduler may start beside the needed ones."""
+        extra = math.ceil(self.recipe.rollout.scheduler.over_provision * len(requests)) - len(requests)
+        if extra <= 0 or not requests:
+            return []
+        n = int(np.median([r.n for r in requests]))
+        chosen = self.selector.select(self.store, extra, self.np_rng)
+        return [Request(p.id, self.prompt_ids(p), n) for p in (self.task.train[i] for i in chosen)]
+
     def rollout_and_verify(self, counts: dict[str, int], problems: dict[str, Problem],
-                           groups: dict[str, Group], metrics: dict[str, float]) -> None:
+                           groups: dict[str, Group], metrics: dict[str, float], first_stage: bool = True) -> None:
         requests = [Request(pid, self.prompt_ids(problems[pid]), n) for pid, n in counts.items() if n > 0]
         crash_point("generate", self.step + 1)
         t0 = time.perf_counter()
-        rollouts = self.generator.generate(requests)
+        if first_stage and self.rollouts.cfg.mode == "partial":
+            rollouts = self.rollouts.run(requests, self._spare_requests(requests))
+        else:  # later allocator stages top up groups trained this step: generated to the end
+            rollouts = self.rollouts.complete(requests)
         metrics["generate_s"] = metrics.get("generate_s", 0.0) + time.perf_counter() - t0
-        self.budget.spend(rollouts)
+        scheduled = self.rollouts.metrics()
+        self.budget.spend(rollouts, tokens=int(scheduled["tokens_generated"]))
+        for key, value in scheduled.items():
+            metrics[f"rollout/{key}"] = metrics.get(f"rollout/{key}", 0.0) + value if key.startswith("tokens") \
+                else value
+        for r in rollouts:  # partial mode may return groups of prompts admitted in earlier steps
+            if r.prompt_id not in problems:
+                problems[r.prompt_id] = self.problems_by_id[r.prompt_id]
         by_prompt: dict[str, list[Rollout]] = {}
         for r in rollouts:
             by_prompt.setdefault(r.prompt_id, []).append(r)
@@ -181,8 +204,10 @@ class Trainer:
         metrics.update(self._selection_metrics(chosen))
         groups: dict[str, Group] = {}
         counts = self.allocator.plan(list(problems.values()), self.store, self.budget)
+        first_stage = True
         while counts:
-            self.rollout_and_verify(counts, problems, groups, metrics)
+            self.rollout_and_verify(counts, problems, groups, metrics, first_stage)
+            first_stage = False
             counts = self.allocator.more(list(groups.values()), self.store, self.budget)
         generated = list(groups.values())
         self.selector.observe(self.store, np.array([self.store.index[g.problem.id] for g in generated], dtype=np.int64))
@@ -469,6 +494,7 @@ class Trainer:
             "selector": self.selector.state_dict(),
             "allocator": self.allocator.state_dict(),
             "generator": self.generator.state_dict(),
+            "rollout_scheduler": self.rollouts.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "np_rng": self.np_rng.bit_generator.state,
             "torch_rng": torch.get_rng_state(),
@@ -485,6 +511,8 @@ class Trainer:
         self.selector.load_state_dict(state["selector"])
         self.allocator.load_state_dict(state["allocator"])
         self.generator.load_state_dict(state["generator"])
+        if "rollout_scheduler" in state:
+            self.rollouts.load_state_dict(state["rollout_scheduler"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.np_rng.bit_generator.state = state["np_rng"]
         torch.set_rng_state(state["torch_rng"])
