@@ -48,8 +48,9 @@ TASKS: dict[str, list[str]] = {
 def run_one(recipe: str, method: str, task: str, seed: int, args: argparse.Namespace) -> list[dict] | None:
     run_dir = Path(args.runs) / task / f"b{args.budget_tokens}" / method / f"seed{seed}"
     overrides = budget_overrides(seed, args.budget_tokens, args.eval_every, args.eval_size, args.threads)
+    results = Path(args.results) / task / f"b{args.budget_tokens}" / method / f"seed{seed}"
     return train_run(recipe, overrides + TASKS[task] + METHODS[method], run_dir, f"{task} {method} seed {seed}",
-                     args.report_only)
+                     args.report_only, results)
 
 
 def report_task(task: str, methods: list[str], curves: dict[str, list], budget: int, seeds: list[int]) -> list[dict]:
@@ -89,6 +90,7 @@ def main() -> None:
     parser.add_argument("--eval-size", type=int, default=100)
     parser.add_argument("--threads", type=int, default=None, help="torch threads per run")
     parser.add_argument("--runs", default="runs/bench-allocation")
+    parser.add_argument("--results", default="bench/results/allocation", help="finished runs' metrics (in git)")
     parser.add_argument("--out", default=None)
     parser.add_argument("--report-only", action="store_true", help="train nothing; tabulate finished runs")
     args = parser.parse_args()

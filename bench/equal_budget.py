@@ -1,8 +1,9 @@
 """Shared by the equal-budget benchmarks: a resumable queue of training runs and their curves.
 
 A run is one recipe + overrides trained to a token budget under `runs/<...>/seed<S>`. Finished
-runs (those with a `final/` folder) are read back, not redone. Several processes can work
-through one benchmark: each claims a run (an O_EXCL file holding its pid) before training it.
+runs (a `final/` folder, or their metrics kept under bench/results/) are read back, not redone.
+Several processes can work through one benchmark: each claims a run (an O_EXCL file holding its
+pid) before training it.
 """
 
 from __future__ import annotations
@@ -35,10 +36,17 @@ def claim(run_dir: Path) -> bool:
     return True
 
 
-def train_run(recipe: str, overrides: list[str], run_dir: Path, label: str, report_only: bool = False
-              ) -> list[dict] | None:
+def train_run(recipe: str, overrides: list[str], run_dir: Path, label: str, report_only: bool = False,
+              results: Path | None = None) -> list[dict] | None:
     """The run's metrics rows, training it first unless done. None if it is not done and another
-    process is on it, or `report_only`."""
+    process is on it, or `report_only`.
+
+    A finished run's metrics.jsonl is also copied to `results` (kept in git under bench/results/),
+    which counts as done: a later session on another machine reuses it instead of retraining.
+    """
+    kept = results / "metrics.jsonl" if results is not None else None
+    if kept is not None and kept.exists():
+        return [json.loads(x) for x in kept.read_text().splitlines()]
     if not (run_dir / "final").exists():
         if report_only or not claim(run_dir):
             return None
@@ -47,7 +55,11 @@ def train_run(recipe: str, overrides: list[str], run_dir: Path, label: str, repo
             Trainer(load_recipe(recipe, overrides), run_dir).run()
         finally:
             (run_dir / ".claim").unlink(missing_ok=True)
-    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    text = (run_dir / "metrics.jsonl").read_text()
+    if kept is not None:
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        kept.write_text(text)
+    return [json.loads(x) for x in text.splitlines()]
 
 
 def budget_overrides(seed: int, budget: int, eval_every: int, eval_size: int, threads: int | None) -> list[str]:

@@ -88,6 +88,7 @@ def overhead(recipe_path: str, names: list[str], repeats: int, seed: int) -> lis
                                      "log.tensorboard=false", "checkpoint.every=0"])
     trainer = Trainer(base, Path("runs/bench-objectives-overhead"))
     step_s = _timed(trainer.train_step)  # warm-up: allocations, first-touch pages
+    print(f"warm-up step {step_s:.1f} s", flush=True)
     problems = [trainer.task.train[i] for i in range(base.budget.prompts_per_step)]
     requests = [Request(p.id, trainer.prompt_ids(p), 8) for p in problems]
     state = copy.deepcopy(trainer.generator.state_dict())
@@ -131,6 +132,7 @@ def overhead(recipe_path: str, names: list[str], repeats: int, seed: int) -> lis
     for r in range(repeats):
         for n in names:
             times[n].append(update(n))
+            print(f"  {n}: {times[n][-1]:.2f} s", flush=True)
         for adaptive in (False, True):
             trainer.generator.set_entropy_stats(stats if adaptive else None)
             gen_times[adaptive].append(_timed(lambda a=adaptive: generate(a)))
@@ -161,8 +163,9 @@ def quality(args: argparse.Namespace, names: list[str]) -> list[dict]:
         for n in names:
             run_dir = Path(args.runs) / f"b{args.budget_tokens}" / n / f"seed{s}"
             overrides = budget_overrides(s, args.budget_tokens, args.eval_every, args.eval_size, args.threads)
+            kept = Path(args.results) / f"b{args.budget_tokens}" / n / f"seed{s}"
             results[n, s] = train_run(args.recipe, overrides + _overrides(OBJECTIVES[n]), run_dir, f"{n} seed {s}",
-                                      args.report_only)
+                                      args.report_only, kept)
     if any(v is None for v in results.values()):
         print("some runs are not finished (in another process, or --report-only)")
         return []
@@ -194,6 +197,7 @@ def main() -> None:
     parser.add_argument("--eval-size", type=int, default=100)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--runs", default="runs/bench-objectives")
+    parser.add_argument("--results", default="bench/results/objectives", help="finished runs' metrics (in git)")
     parser.add_argument("--report-only", action="store_true")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()

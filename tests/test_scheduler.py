@@ -171,7 +171,7 @@ def test_state_dict_resumes_exactly(model_and_tokenizer, prompt_ids):
 
 def test_config_is_validated():
     with pytest.raises(ValueError):
-        SchedulerConfig(mode="async")  # type: ignore[arg-type]
+        SchedulerConfig(mode="bogus")  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         SchedulerConfig(over_provision=0.5)
     with pytest.raises(ValueError):

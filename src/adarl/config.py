@@ -100,11 +100,12 @@ class AdaptiveTemperature(Section):
 
 
 class SchedulerConfig(Section):
-    """How generation is scheduled across steps (rollout/scheduler.py; APRIL, algorithms.md §3.1)."""
+    """How generation is scheduled across steps (rollout/scheduler.py; APRIL §3.1, AReaL async §3.2)."""
 
-    mode: Literal["sync", "partial"] = "sync"
+    mode: Literal["sync", "partial", "async"] = "sync"
     over_provision: float = Field(2.0, ge=1.0)  # groups submitted per group needed (APRIL: 64 / 32)
     max_age: int = Field(4, ge=1)  # a group with a token this many versions old is finished first
+    eta: int = Field(2, ge=0)  # async (AReaL η): no trained token is more than η policy versions old
 
 
 class RolloutConfig(Section):

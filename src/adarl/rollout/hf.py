@@ -145,6 +145,7 @@ class HfGenerator:
         self.cfg = cfg
         self.rng = SampleStream(seed)
         self.policy_version = 0
+        self.weight_listeners: list[Callable[[], None]] = []  # called after each update_weights
         self.entropy_stats: EntropyStats | None = None  # previous step's, for adaptive temperature
         self.last_temperature_mean: float | None = None  # mean T over the last generate's tokens
         self._temperature_sum = 0.0
@@ -161,8 +162,14 @@ class HfGenerator:
     # ---------------------------------------------------------------- protocol
 
     def update_weights(self, named_tensors: object = None) -> None:
-        """The hf backend samples from the training model itself: only the version moves."""
+        """The hf backend samples from the training model itself: only the version moves.
+
+        Then each of `weight_listeners` is called (the async scheduler copies the weights into
+        its generation model there).
+        """
         self.policy_version += 1
+        for listener in self.weight_listeners:
+            listener()
 
     def set_entropy_stats(self, stats: EntropyStats | None) -> None:
         """The entropy statistics of the last training batch, for HAPO's adaptive temperature."""

@@ -31,19 +31,58 @@ holds the buffer (the generator's own state holds the sampling stream).
 
 With unchanged weights a rollout paused and continued is the rollout generated straight (same
 tokens, log-probs equal up to float rounding): sampling is keyed per row (rollout/hf.py).
+
+mode "async" (AReaL, algorithms.md §3.2): generation runs ahead of training in a background
+thread that samples from its OWN copy of the model (the trainer mutates its model in backward and
+the optimizer step). The first `run` deep-copies the generator's model (and tokenizer) and
+starts the thread; `generator.update_weights()` then pauses the thread at a decoding step, copies
+the trainer's weights into the copy (state dict, in place) and moves the copy's policy version.
+  - `run(needed, spare)` enqueues `needed`, then spares while fewer than (η+1)·len(needed)
+    groups are unconsumed (the look-ahead the thread may work on; set over_provision ≥ 1 + η
+    to fill it from the first steps); sampling keys are assigned here, in the trainer thread.
+  - The thread admits queued groups first in, first out while AReaL's capacity is positive:
+    (η + v + 1)·B − (admitted + running), with v the policy version and B = len(needed) of the
+    last `run`, counted as (η + 1 + v − v_next)·B − held (v_next: the version of the next `run`,
+    held: admitted, not yet consumed), which is the same number and survives resumes. It
+    generates every unfinished admitted group in one call until they finish, and stops early
+    (continuing later with the partial mechanism, same keys) when the weights change, when a
+    checkpoint pauses it, or once the groups `run` waits for are complete. After a weight
+    update its partial rollouts continue under the new policy: tokens carry their versions.
+  - `run` returns the len(needed) oldest groups (first in, first out), waiting only if they are
+    not complete yet (`wait_s`). With a constant B no returned token is more than η versions
+    older than the policy it trains; a group that would be (B changed, fewer runs than updates)
+    is not dropped: its stale rollouts restart with the current policy and their own keys
+    (`groups_restarted`, `tokens_discarded`). η = 0 is synchronous RL: with over_provision 1
+    (no spares) it samples exactly the tokens and log-probs of mode "sync".
+  - `state_dict()` pauses the thread and saves the queue and the held groups with their partial
+    rollouts and the tokens not yet reported; after `load_state_dict` the next `run` restarts the
+    thread on the loaded weights. `close()` stops the thread (the trainer calls it when a run
+    ends, normally or by an exception; the thread is a daemon so nothing can hang on exit); an
+    exception in the thread is raised by the next `run`.
+  Torch threads: the generation thread uses the trainer thread's intra-op thread count (as set
+  by model.threads), so η = 0 reproduces sync bit for bit. On CPU both threads then compete for
+  the cores: with C cores set model.threads to about C/2. Pair it with loss `decoupled_ppo`:
+  behaviour log-probs come from the generation copy, the proximal ones from the trainer's recompute.
 """
 
 from __future__ import annotations
 
+import copy
 import math
-from collections.abc import Sequence
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from functools import partial
 from typing import Any, Protocol
 
 import numpy as np
+import torch
 
 from adarl.config import SchedulerConfig
-from adarl.rollout.hf import Progress, StopWhen
+from adarl.rollout.hf import HfGenerator, Progress, StopWhen
 from adarl.types import Request, Rollout
 
 
@@ -88,13 +127,68 @@ def _join(old: Rollout, new: Rollout) -> Rollout:
     )
 
 
+def _rows(groups: list[_Group]) -> tuple[list[Request], list[int], list[tuple[int, int]]]:
+    """Requests, keys and (group index, rollout index) per row for the unfinished rollouts of `groups`.
+
+    A partial rollout is continued as its own request (prompt + its tokens); a group's
+    not-yet-started rollouts share one request, so their prompt is pre-filled once.
+    """
+    requests: list[Request] = []
+    keys: list[int] = []
+    slots: list[tuple[int, int]] = []
+    for gi, g in enumerate(groups):
+        fresh = []
+        for i, r in enumerate(g.rollouts):
+            if r.finish_reason != "partial":
+                continue
+            if r.completion_ids:
+                requests.append(Request(g.request.prompt_id, g.request.prompt_ids, 1, list(r.completion_ids)))
+                keys.append(g.keys[i])
+                slots.append((gi, i))
+            else:
+                fresh.append(i)
+        if fresh:
+            requests.append(Request(g.request.prompt_id, g.request.prompt_ids, len(fresh)))
+            keys += [g.keys[i] for i in fresh]
+            slots += [(gi, i) for i in fresh]
+    return requests, keys, slots
+
+
+def _empty(prompt_id: str) -> Rollout:
+    return Rollout(prompt_id, [], [], "partial", entropies=[], token_versions=[])
+
+
+def _groups_state(groups: list[_Group]) -> list[dict[str, Any]]:
+    return [{"id": g.id, "request": asdict(g.request), "keys": list(g.keys),
+             "rollouts": [asdict(r) for r in g.rollouts]} for g in groups]
+
+
+def _groups_from(state: list[dict[str, Any]]) -> list[_Group]:
+    return [_Group(g["id"], Request(**g["request"]), list(g["keys"]), [Rollout(**r) for r in g["rollouts"]])
+            for g in state]
+
+
 class RolloutScheduler:
     def __init__(self, generator: KeyedGenerator, cfg: SchedulerConfig | None = None) -> None:
         self.generator = generator
         self.cfg = cfg or SchedulerConfig()
-        self.buffer: list[_Group] = []
+        self.buffer: list[_Group] = []  # partial: groups held; async: admitted, not yet consumed
+        self.queue: list[_Group] = []  # async: enqueued, not yet admitted
         self.next_id = 0
-        self._metrics: dict[str, float] = {}
+        self._metrics: dict[str, Any] = {}
+        # async mode: the generation thread, its model copy, and what it shares with the trainer (under _cond)
+        self._worker: HfGenerator | None = None
+        self._thread: threading.Thread | None = None
+        self._cond = threading.Condition()
+        self._interrupt = threading.Event()  # the trainer wants the thread paused at its next decoding step
+        self._stop = False
+        self._busy = False  # the thread is inside a generate call
+        self._error: BaseException | None = None
+        self._awaited: set[int] = set()  # group ids a `run` is waiting for
+        self._batch = 0  # B: groups consumed per run (the last run's)
+        self._run_version = -1  # policy version at the last run
+        self._tokens = 0  # sampled by the thread since the last run
+        self._sync_s = self._copy_s = 0.0  # the last weight update: trainer blocked / copying
 
     # ---------------------------------------------------------------- protocol
 
@@ -102,6 +196,8 @@ class RolloutScheduler:
         """The rollouts of len(needed) complete groups (all of `needed` in "sync" mode)."""
         if self.cfg.mode == "sync":
             return self.complete(needed)
+        if self.cfg.mode == "async":
+            return self._run_async(needed, spare)
         version = self.generator.policy_version
         target = len(needed)
         if not target:
@@ -118,12 +214,8 @@ class RolloutScheduler:
         chosen = ready[:target]
         taken = {g.id for g in chosen}
         self.buffer = [g for g in self.buffer if g.id not in taken]
-        rollouts = [r for g in chosen for r in g.rollouts]
-        texts = self.generator.tokenizer.batch_decode([r.completion_ids for r in rollouts], skip_special_tokens=True)
-        for r, text in zip(rollouts, texts, strict=True):
-            r.text = text
         self._measure(version, chosen, before, generated, len(overdue))
-        return rollouts
+        return self._texts(chosen)
 
     def complete(self, requests: list[Request]) -> list[Rollout]:
         """Generate `requests` to the end, bypassing the buffer (sync mode, later allocator stages)."""
@@ -132,56 +224,69 @@ class RolloutScheduler:
             if r.token_versions is None:
                 r.token_versions = [r.policy_version] * len(r)
         tokens = float(sum(len(r) for r in rollouts))
-        self._metrics = {"tokens_generated": tokens, "partial_rollouts_carried": float(self._open_rollouts())}
+        with self._cond:
+            self._metrics = {"tokens_generated": tokens, "partial_rollouts_carried": float(self._open_rollouts())}
         return rollouts
 
-    def metrics(self) -> dict[str, float]:
+    def metrics(self) -> dict[str, Any]:
         """What the last call did and what the buffer holds (ages in policy versions)."""
         return dict(self._metrics)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"next_id": self.next_id,
-                "buffer": [{"id": g.id, "request": asdict(g.request), "keys": list(g.keys),
-                            "rollouts": [asdict(r) for r in g.rollouts]} for g in self.buffer]}
+        if self.cfg.mode != "async":
+            return {"next_id": self.next_id, "buffer": _groups_state(self.buffer)}
+        with self._paused():  # a consistent cut: the thread is between decoding steps, its partials joined
+            return {"next_id": self.next_id, "buffer": _groups_state(self.buffer), "queue": _groups_state(self.queue),
+                    "batch": self._batch, "run_version": self._run_version, "tokens": self._tokens}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.close()
         self.next_id = state["next_id"]
-        self.buffer = [_Group(g["id"], Request(**g["request"]), list(g["keys"]), [Rollout(**r) for r in g["rollouts"]])
-                       for g in state["buffer"]]
+        self.buffer = _groups_from(state["buffer"])
+        self.queue = _groups_from(state.get("queue", []))
+        self._batch, self._run_version = state.get("batch", 0), state.get("run_version", -1)
+        self._tokens = state.get("tokens", 0)
+
+    def close(self) -> None:
+        """Stop the generation thread (async); what it was generating stays held, partial."""
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return
+        self._stop = True
+        self._interrupt.set()
+        with self._cond:
+            self._cond.notify_all()
+        thread.join(timeout=120)
+        self._stop = False
+        self._interrupt.clear()
+        if self._load_weights in self.generator.weight_listeners:  # type: ignore[attr-defined]
+            self.generator.weight_listeners.remove(self._load_weights)  # type: ignore[attr-defined]
+        self._worker = None
 
     # ---------------------------------------------------------------- internals
 
-    def _admit(self, requests: list[Request]) -> None:
+    def _new_groups(self, requests: list[Request]) -> list[_Group]:
         keys = iter(self.generator.new_keys(requests) if requests else [])
+        groups = []
         for req in requests:
-            empty = [Rollout(req.prompt_id, [], [], "partial", entropies=[], token_versions=[]) for _ in range(req.n)]
-            self.buffer.append(_Group(self.next_id, req, [next(keys) for _ in range(req.n)], empty))
+            groups.append(_Group(self.next_id, req, [next(keys) for _ in range(req.n)],
+                                 [_empty(req.prompt_id) for _ in range(req.n)]))
             self.next_id += 1
+        return groups
+
+    def _admit(self, requests: list[Request]) -> None:
+        self.buffer += self._new_groups(requests)
+
+    def _texts(self, chosen: list[_Group]) -> list[Rollout]:
+        rollouts = [r for g in chosen for r in g.rollouts]
+        texts = self.generator.tokenizer.batch_decode([r.completion_ids for r in rollouts], skip_special_tokens=True)
+        for r, text in zip(rollouts, texts, strict=True):
+            r.text = text
+        return rollouts
 
     def _generate(self, groups: list[_Group], target: int | None) -> int:
-        """Generate the unfinished rollouts of `groups`; with a target, stop once that many groups are complete.
-
-        A partial rollout is continued as its own request (prompt + its tokens); a group's
-        not-yet-started rollouts share one request, so their prompt is pre-filled once.
-        """
-        requests: list[Request] = []
-        keys: list[int] = []
-        slots: list[tuple[int, int]] = []  # per row: (index in groups, index in the group)
-        for gi, g in enumerate(groups):
-            fresh = []
-            for i, r in enumerate(g.rollouts):
-                if r.finish_reason != "partial":
-                    continue
-                if r.completion_ids:
-                    requests.append(Request(g.request.prompt_id, g.request.prompt_ids, 1, list(r.completion_ids)))
-                    keys.append(g.keys[i])
-                    slots.append((gi, i))
-                else:
-                    fresh.append(i)
-            if fresh:
-                requests.append(Request(g.request.prompt_id, g.request.prompt_ids, len(fresh)))
-                keys += [g.keys[i] for i in fresh]
-                slots += [(gi, i) for i in fresh]
+        """Generate the unfinished rollouts of `groups`; with a target, stop once that many groups are complete."""
+        requests, keys, slots = _rows(groups)
         if not requests:
             return 0
         stop_when: StopWhen | None = None
@@ -198,6 +303,161 @@ class RolloutScheduler:
         for (gi, i), new in zip(slots, results, strict=True):
             groups[gi].rollouts[i] = _join(groups[gi].rollouts[i], new)
         return sum(len(r) for r in results)
+
+    # ---------------------------------------------------------------- async mode
+
+    def _run_async(self, needed: list[Request], spare: Sequence[Request]) -> list[Rollout]:
+        self._start()
+        version, target, eta = self.generator.policy_version, len(needed), self.cfg.eta
+        if not target:  # nothing needed: nothing enqueued, nothing consumed
+            self._metrics = {"tokens_generated": 0.0}
+            return []
+        with self._cond:
+            self._check()
+            unconsumed = len(self.queue) + len(self.buffer) + target
+            self.queue += self._new_groups(list(needed) + list(spare[: max(0, (eta + 1) * target - unconsumed)]))
+            self._batch = target
+            chosen = (self.buffer + self.queue)[:target]  # first in, first out: every buffered id < every queued id
+            stale = [g for g in chosen if g.age(version) > eta]
+            self._cond.notify_all()
+        t0 = time.perf_counter()
+        discarded = 0
+        if stale:  # more updates than runs, or B shrank: restart the stale rollouts under the current policy
+            with self._paused():
+                for g in stale:
+                    for i, r in enumerate(g.rollouts):
+                        if r.token_versions and version - min(r.token_versions) > eta:
+                            discarded += len(r)
+                            g.rollouts[i] = _empty(r.prompt_id)
+        with self._cond:
+            self._awaited = {g.id for g in chosen}
+            self._cond.notify_all()
+            while not all(g.complete for g in chosen):
+                self._check()
+                self._cond.wait()
+            self._awaited = set()
+            taken = {g.id for g in chosen}
+            self.buffer = [g for g in self.buffer if g.id not in taken]
+            self._run_version = version
+            tokens, self._tokens = self._tokens, 0
+            self._cond.notify_all()
+            wait = time.perf_counter() - t0
+            returned = [version - v for g in chosen for r in g.rollouts for v in (r.token_versions or [])]
+            held = [r for g in self.buffer for r in g.rollouts]
+            self._metrics = {
+                "tokens_generated": float(tokens),  # sampled by the thread since the last run, finished or not
+                "tokens_discarded": float(discarded),
+                "wait_s": wait,
+                "staleness_max": float(max(returned, default=0)),
+                "staleness_hist": {str(k): n for k, n in sorted(Counter(returned).items())},  # versions: tokens
+                "off_policy_token_fraction": float(np.mean([a > 0 for a in returned])) if returned else 0.0,
+                "groups_restarted": float(len(stale)),
+                "groups_ready": float(sum(g.complete for g in self.buffer)),
+                "groups_running": float(sum(not g.complete for g in self.buffer)),
+                "groups_queued": float(len(self.queue)),
+                "partial_tokens_carried": float(sum(len(r) for r in held if r.finish_reason == "partial")),
+                "weight_sync_s": self._sync_s,  # the last update: trainer blocked (pause + copy)
+                "weight_copy_s": self._copy_s,
+            }
+        return self._texts(chosen)
+
+    def _start(self) -> None:
+        """Copy the generator's model and tokenizer and start the generation thread (once)."""
+        if self._thread is not None:
+            return
+        gen = self.generator
+        if not isinstance(gen, HfGenerator):
+            raise TypeError("async mode needs the hf generator")
+        # requires_grad flags kept as the trainer's: CPU matmuls are bitwise those of the training model
+        # (frozen weights can take other kernels); generate runs in inference mode anyway
+        model = copy.deepcopy(gen.model).eval()
+        self._worker = HfGenerator(model, copy.deepcopy(gen.tokenizer), gen.cfg)
+        self._worker.policy_version = gen.policy_version
+        source = gen.model.state_dict()
+        self._pairs = [(t, source[k]) for k, t in model.state_dict().items()]
+        gen.weight_listeners.append(self._load_weights)
+        self._error = None
+        self._thread = threading.Thread(target=self._loop, args=(torch.get_num_threads(),), name="adarl-rollouts",
+                                        daemon=True)
+        self._thread.start()
+
+    def _load_weights(self) -> None:
+        """After each update (trainer thread): pause the thread, copy the weights, move its version."""
+        t0 = time.perf_counter()
+        with self._paused():
+            t1 = time.perf_counter()
+            with torch.no_grad():
+                for dst, src in self._pairs:
+                    dst.copy_(src)
+            assert self._worker is not None
+            self._worker.policy_version = self.generator.policy_version
+            self._copy_s = time.perf_counter() - t1
+        self._sync_s = time.perf_counter() - t0
+
+    @contextmanager
+    def _paused(self) -> Iterator[None]:
+        """Hold the lock with the generation thread outside any generate call (its partials joined)."""
+        self._interrupt.set()
+        with self._cond:
+            try:
+                while self._busy:
+                    self._cond.wait()
+                yield
+            finally:
+                self._interrupt.clear()
+                self._cond.notify_all()
+
+    def _check(self) -> None:
+        if self._error is not None:
+            raise RuntimeError("the rollout generation thread failed") from self._error
+
+    def _admit_and_pick(self) -> list[_Group]:
+        """Admit queued groups within AReaL's capacity; the unfinished admitted groups, oldest first."""
+        assert self._worker is not None
+        version = self._worker.policy_version
+        room = (self.cfg.eta + 1 + version - max(version, self._run_version + 1)) * self._batch - len(self.buffer)
+        while room > 0 and self.queue:
+            self.buffer.append(self.queue.pop(0))
+            room -= 1
+        return [g for g in self.buffer if not g.complete]
+
+    def _loop(self, threads: int) -> None:
+        torch.set_num_threads(threads)
+        try:
+            while True:
+                with self._cond:
+                    while self._stop or self._interrupt.is_set() or not (work := self._admit_and_pick()):
+                        if self._stop:
+                            return
+                        self._cond.wait()
+                    requests, keys, slots = _rows(work)
+                    row_group = [work[gi].id for gi, _ in slots]
+                    worker = self._worker
+                    assert worker is not None
+                    worker.entropy_stats = getattr(self.generator, "entropy_stats", None)
+                    self._busy = True
+                results: list[Rollout] | None = None
+                try:
+                    results = worker.generate(requests, stop_when=partial(self._yield, row_group), keys=keys)
+                finally:
+                    with self._cond:
+                        for (gi, i), new in zip(slots, results or [], strict=True):
+                            work[gi].rollouts[i] = _join(work[gi].rollouts[i], new)
+                        self._tokens += sum(len(r) for r in results or [])
+                        self._busy = False
+                        self._cond.notify_all()
+        except BaseException as err:  # raised by the next run
+            with self._cond:
+                self._error = err
+                self._cond.notify_all()
+
+    def _yield(self, row_group: list[int], progress: Progress) -> bool:
+        """Stop the thread's generate call: paused, stopping, or every row `run` waits for is done."""
+        if self._interrupt.is_set() or self._stop:
+            return True
+        awaited = self._awaited
+        rows = [j for j, gid in enumerate(row_group) if gid in awaited]
+        return bool(rows) and all(progress.row_finished[j] for j in rows)
 
     def _open_rollouts(self) -> int:
         return sum(r.finish_reason == "partial" for g in self.buffer for r in g.rollouts)

@@ -160,7 +160,7 @@ class Trainer:
         requests = [Request(pid, self.prompt_ids(problems[pid]), n) for pid, n in counts.items() if n > 0]
         crash_point("generate", self.step + 1)
         t0 = time.perf_counter()
-        if first_stage and self.rollouts.cfg.mode == "partial":
+        if first_stage and self.rollouts.cfg.mode != "sync":  # partial or async: groups from the scheduler
             rollouts = self.rollouts.run(requests, self._spare_requests(requests))
         else:  # later allocator stages top up groups trained this step: generated to the end
             rollouts = self.rollouts.complete(requests)
@@ -605,6 +605,7 @@ class Trainer:
         finally:
             writer.close()
             self.rewards.close()
+            self.rollouts.close()  # async mode: stop the generation thread
         try:
             from adarl.metrics.report import write_report
 

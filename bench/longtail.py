@@ -1,0 +1,96 @@
+"""The long tail: synchronous generation vs APRIL partial rollouts (vs asynchronous, when built)
+at an equal generated-token budget.
+
+The task makes lengths long-tailed: the quickstart's 2-digit additions, but with SmolLM2's own
+chatty system prompt and a 128-token cap, so most answers are short and some run to the cap.
+Every mode trains the same recipe to `--budget-tokens` generated tokens per seed. Reported:
+rollout throughput (generated tokens / generation seconds, summed over the run), mean step
+time, tokens the partial mode carried over, and held-out pass@1 at the end.
+
+    .venv/bin/python bench/longtail.py --modes sync,partial --seeds 0,1,2 [--budget-tokens 12000]
+
+Throughput is a timing: run it on a quiet machine (a second busy process on 2 cores skews it).
+Finished runs are kept (bench/equal_budget.py); `--report-only` tabulates them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+from equal_budget import budget_overrides, curve, train_run
+
+TASK = ["task.system_prompt=null", "rollout.max_new_tokens=128"]
+MODES: dict[str, list[str]] = {
+    "sync": [],
+    "partial": ["rollout.scheduler={mode: partial, over_provision: 2.0, max_age: 4}", "loss.name=decoupled_ppo"],
+    "async": ["rollout.scheduler={mode: async, eta: 2}", "loss.name=decoupled_ppo"],
+}
+
+
+def summarise(rows: list[dict]) -> dict[str, float]:
+    steps = [r for r in rows if "generate_s" in r]
+    generated = sum(r["step_tokens"] for r in steps)
+    return {"throughput": generated / sum(r["generate_s"] for r in steps),
+            "step_s": float(np.mean([r["step_s"] for r in steps])),
+            "carried": float(np.mean([r.get("rollout/partial_rollouts_carried", 0.0) for r in steps])),
+            "age_max": float(max((r.get("rollout/token_age_max", 0.0) for r in steps), default=0.0)),
+            "final": float(curve(rows)[1][-1]), "tokens": float(rows[-1]["tokens"])}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--recipe", default="recipes/quickstart.yaml")
+    parser.add_argument("--modes", default="sync,partial")
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--budget-tokens", type=int, default=12000)
+    parser.add_argument("--eval-every", type=int, default=0, help="0: held-out eval at the start and end only")
+    parser.add_argument("--eval-size", type=int, default=100)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--runs", default="runs/bench-longtail")
+    parser.add_argument("--results", default="bench/results/longtail")
+    parser.add_argument("--report-only", action="store_true")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    modes, seeds = args.modes.split(","), [int(s) for s in args.seeds.split(",")]
+    if unknown := [m for m in modes if m not in MODES]:
+        parser.error(f"unknown modes {unknown}; known: {', '.join(MODES)}")
+    results: dict[str, list[dict]] = {m: [] for m in modes}
+    for seed in seeds:
+        for mode in modes:  # interleaved, so slow periods of a shared machine hit every mode
+            rel = Path(f"b{args.budget_tokens}") / mode / f"seed{seed}"
+            overrides = budget_overrides(seed, args.budget_tokens, args.eval_every, args.eval_size, args.threads)
+            rows = train_run(args.recipe, overrides + TASK + MODES[mode], Path(args.runs) / rel,
+                             f"{mode} seed {seed}", args.report_only, Path(args.results) / rel)
+            if rows is not None:
+                results[mode].append(summarise(rows))
+    base = np.mean([r["throughput"] for r in results.get("sync", [])]) if results.get("sync") else None
+    print(f"\n{args.budget_tokens:,} generated tokens per run; seeds {seeds}\n")
+    print("| mode | runs | rollout tok/s | vs sync | step s | partials carried / step | max token age "
+          "| final pass@1 (mean ± std) |")
+    print("|---|---|---|---|---|---|---|---|")
+    table = []
+    for mode, rs in results.items():
+        if not rs:
+            print(f"| {mode} | 0 | (not finished) | | | | | |")
+            continue
+        tput = float(np.mean([r["throughput"] for r in rs]))
+        finals = np.array([r["final"] for r in rs])
+        row = {"mode": mode, "runs": len(rs), "throughput": tput, "vs_sync": tput / base if base else None,
+               "step_s": float(np.mean([r["step_s"] for r in rs])),
+               "carried": float(np.mean([r["carried"] for r in rs])),
+               "age_max": max(r["age_max"] for r in rs), "final_mean": float(finals.mean()),
+               "final_std": float(finals.std())}
+        table.append(row)
+        print(f"| {mode} | {len(rs)} | {tput:.1f} | {f'{tput / base:.2f}×' if base else '-'} | {row['step_s']:.1f} "
+              f"| {row['carried']:.1f} | {row['age_max']:.0f} | {finals.mean():.3f} ± {finals.std():.3f} |")
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(table, indent=2))
+
+
+if __name__ == "__main__":
+    main()
