@@ -31,6 +31,7 @@ import torch
 
 from adarl import registry
 from adarl.config import AdaptiveTemperature, load_recipe
+from adarl.loss.base import LossInputs
 from adarl.tokens.entropy import EntropyStats
 from adarl.train.trainer import Trainer
 from adarl.types import Batch, Group, Request
@@ -83,7 +84,7 @@ def _timed(fn) -> float:
     return time.perf_counter() - t0
 
 
-def overhead(recipe_path: str, names: list[str], repeats: int, seed: int) -> list[dict]:
+def overhead(recipe_path: str, names: list[str], repeats: int, seed: int, micro_only: bool = False) -> list[dict]:
     base = load_recipe(recipe_path, [f"seed={seed}", "train.lr=1e-30", "log.progress=false",
                                      "log.tensorboard=false", "checkpoint.every=0"])
     trainer = Trainer(base, Path("runs/bench-objectives-overhead"))
@@ -106,6 +107,16 @@ def overhead(recipe_path: str, names: list[str], repeats: int, seed: int) -> lis
     verified = [Group(p, trainer.prompt_ids(p), by_prompt[p.id]) for p in problems]
     trainer.rewards.score(verified)
     trainer.generator.set_entropy_stats(None)
+    costs = component_costs(trainer, verified, names)
+    grpo = costs["grpo"]
+    print("\n| component | own stages (ms) | own loss fwd+bwd (ms) | extra vs GRPO (ms) "
+          "| tokens in the loss (A·w ≠ 0) |")
+    print("|---|---|---|---|---|")
+    for n, c in costs.items():
+        extra = c["stage_ms"] + c["loss_ms"] - grpo["stage_ms"] - grpo["loss_ms"]
+        print(f"| {n} | {c['stage_ms']:.2f} | {c['loss_ms']:.2f} | {extra:+.2f} | {c['trained_tokens']} |", flush=True)
+    if micro_only:
+        return [{"component": n, **c} for n, c in costs.items()]
 
     def update(name: str) -> float:
         spec = OBJECTIVES[name]
@@ -140,7 +151,7 @@ def overhead(recipe_path: str, names: list[str], repeats: int, seed: int) -> lis
     base_update = statistics.median(times["grpo"])
     base_gen = statistics.median(gen_times[False])
     step = base_update + base_gen
-    rows = [{"component": n, "update_s": statistics.median(times[n]),
+    rows = [{"component": n, "update_s": statistics.median(times[n]), **costs[n],
              "overhead": (statistics.median(times[n]) - base_update) / step} for n in names]
     rows.append({"component": "adaptive_temperature (generation)", "update_s": statistics.median(gen_times[True]),
                  "overhead": (statistics.median(gen_times[True]) - base_gen) / step})
@@ -151,6 +162,53 @@ def overhead(recipe_path: str, names: list[str], repeats: int, seed: int) -> lis
     for row in rows:
         print(f"| {row['component']} | {row['update_s']:.2f} | {100 * row['overhead']:+.1f}% |")
     return rows
+
+
+def component_costs(trainer: Trainer, verified: list[Group], names: list[str], rounds: int = 20) -> dict[str, dict]:
+    """Each component's own compute on the fixed batch, without the model passes it shares with GRPO:
+    shaping + advantages + token weighting (numpy), and its loss forward + backward on the batch's
+    per-token tensors. Also the tokens it sends to the model (trained rollouts' tokens)."""
+    base = trainer.recipe
+    rollouts = [r for g in verified for r in g.rollouts]
+    width = max(len(r) for r in rollouts)
+    shape = (len(rollouts), width)
+    mask = torch.zeros(shape)
+    for i, r in enumerate(rollouts):
+        mask[i, : len(r)] = 1.0
+    gen = torch.Generator().manual_seed(0)
+    beh = -torch.rand(shape, generator=gen) * 3
+    entropy = torch.rand(shape, generator=gen) * 2
+    out = {}
+    for name in names:
+        spec = OBJECTIVES[name]
+        shapings = [registry.build("shaping", s) for s in spec.get("shaping", [])]
+        estimator = registry.build("advantage", spec.get("advantage", base.advantage))
+        weightings = [registry.build("tokens", s) for s in spec.get("tokens", [])]
+        loss_fn = registry.build("loss", {**spec.get("loss", base.loss), "kl_coef": 0.0, "entropy_coef": 0.0})
+        t_stage = t_loss = 0.0
+        for _ in range(rounds):
+            groups = copy.deepcopy(verified)
+            t0 = time.perf_counter()
+            for shaping in shapings:
+                shaping(groups, base.rollout.max_new_tokens)
+            batch = Batch(groups)
+            batch.advantages = estimator(batch)
+            weights = [np.ones(len(r)) for r in batch.rollouts]
+            for w in weightings:
+                weights = w(batch, weights, 0.0)
+            stats = EntropyStats.fit(np.concatenate([r.entropies for r in batch.rollouts]))
+            t_stage += time.perf_counter() - t0
+            logp = (beh + 0.01 * torch.randn(shape, generator=gen)).requires_grad_(True)
+            adv = torch.tensor(batch.advantages, dtype=torch.float32)[:, None].expand(shape)
+            x = LossInputs(logp=logp, old_logp=beh, adv=adv, mask=mask, entropy=entropy,
+                           entropy_norm=stats.normalise(entropy), beh_logp=beh)
+            t0 = time.perf_counter()
+            loss, _ = loss_fn(x)
+            (loss * mask).sum().backward()
+            t_loss += time.perf_counter() - t0
+        trained = trainer._effective_tokens(batch, weights)
+        out[name] = {"stage_ms": 1000 * t_stage / rounds, "loss_ms": 1000 * t_loss / rounds, "trained_tokens": trained}
+    return out
 
 
 # -------------------------------------------------------------------------------------- quality
@@ -188,6 +246,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--overhead", action="store_true")
     parser.add_argument("--quality", action="store_true")
+    parser.add_argument("--micro-only", action="store_true", help="overhead: only the components' own compute")
     parser.add_argument("--recipe", default="recipes/quickstart.yaml")
     parser.add_argument("--objectives", default=",".join(OBJECTIVES))
     parser.add_argument("--repeats", type=int, default=3)
@@ -209,7 +268,8 @@ def main() -> None:
     torch.manual_seed(0)
     report = {}
     if args.overhead:
-        report["overhead"] = overhead(args.recipe, ["grpo", *[n for n in names if n != "grpo"]], args.repeats, 0)
+        report["overhead"] = overhead(args.recipe, ["grpo", *[n for n in names if n != "grpo"]], args.repeats, 0,
+                                      args.micro_only)
     if args.quality:
         report["quality"] = quality(args, names)
     if args.out:

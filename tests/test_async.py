@@ -21,7 +21,7 @@ from adarl.rollout.scheduler import RolloutScheduler, SchedulerConfig
 from adarl.train import checkpoint
 from adarl.train.trainer import TIMING_KEYS, Trainer
 from adarl.types import Request, Rollout
-from test_train import recipe_data, tests_on_path, write_task  # noqa: F401  (fixture)
+from test_train import recipe_data, scheduled_recipe, tests_on_path, write_task  # noqa: F401  (fixture)
 
 SEED = 2
 CFG = RolloutConfig(max_new_tokens=24, temperature=1.0, stop=["e", "1", " ", "a"])
@@ -234,10 +234,8 @@ def test_eta0_reproduces_sync_training(tiny_model_dir, tmp_path, tests_on_path):
 
 def test_async_trains_and_resumes_with_its_work(tiny_model_dir, tmp_path, tests_on_path):  # noqa: F811
     """η = 1 end to end; the checkpoint holds the unconsumed groups and the resumed run trains them next."""
-    data = recipe_data(tiny_model_dir, write_task(tmp_path), budget={"max_steps": 2, "prompts_per_step": 2},
-                       rollout={"temperature": 1.0, "max_new_tokens": 8,
-                                "scheduler": {"mode": "async", "eta": 1, "over_provision": 2.0}},
-                       loss={"name": "decoupled_ppo"}, checkpoint={"every": 2})
+    data = scheduled_recipe(tiny_model_dir, write_task(tmp_path), {"mode": "async", "eta": 1, "over_provision": 2.0},
+                            max_steps=2)
     first = Trainer(load_recipe(data=data), tmp_path / "run")
     first.run()
     assert first.rollouts._thread is None and no_thread_left()

@@ -8,7 +8,7 @@ import pytest
 from adarl import registry
 from adarl.config import load_recipe
 from adarl.train.trainer import Trainer
-from test_train import recipe_data, tests_on_path, write_task  # noqa: F401  (fixture)
+from test_train import recipe_data, scheduled_recipe, tests_on_path, write_task  # noqa: F401  (fixture)
 
 # one recipe per line: every shaping, estimator, token weighting and loss appears at least once
 COMBOS = {
@@ -64,10 +64,8 @@ def test_every_registered_component_is_covered():
 
 def test_partial_rollouts_train_and_resume_exactly(tiny_model_dir, tmp_path, tests_on_path):  # noqa: F811
     """APRIL partial mode with the decoupled loss: trains, carries partials, and a resumed run matches."""
-    data = recipe_data(tiny_model_dir, write_task(tmp_path), budget={"max_steps": 4, "prompts_per_step": 2},
-                       rollout={"temperature": 1.0, "max_new_tokens": 8,
-                                "scheduler": {"mode": "partial", "over_provision": 2.0, "max_age": 2}},
-                       loss={"name": "decoupled_ppo"}, checkpoint={"every": 2})
+    data = scheduled_recipe(tiny_model_dir, write_task(tmp_path), {"mode": "partial", "over_provision": 2.0,
+                                                                   "max_age": 2}, max_steps=4)
     straight = Trainer(load_recipe(data=data), tmp_path / "straight")
     straight.run()
     rows = [json.loads(x) for x in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()]

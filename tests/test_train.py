@@ -49,6 +49,13 @@ def recipe_data(model_dir: Path, task: Path, **over) -> dict:
     return data
 
 
+def scheduled_recipe(model_dir: Path, task: Path, scheduler: dict, max_steps: int) -> dict:
+    """2 prompts a step through a RolloutScheduler mode, with the decoupled loss, checkpoints every 2 steps."""
+    return recipe_data(model_dir, task, budget={"max_steps": max_steps, "prompts_per_step": 2},
+                       rollout={"temperature": 1.0, "max_new_tokens": 8, "scheduler": scheduler},
+                       loss={"name": "decoupled_ppo"}, checkpoint={"every": 2})
+
+
 @pytest.fixture
 def tests_on_path(monkeypatch):
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
