@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -59,6 +60,9 @@ def train_run(recipe: str, overrides: list[str], run_dir: Path, label: str, repo
     if kept is not None:
         kept.parent.mkdir(parents=True, exist_ok=True)
         kept.write_text(text)
+        # the metrics are all a benchmark reads: drop the ~2 GB of weights and optimizer state a run leaves
+        for heavy in ("checkpoints", "final"):
+            shutil.rmtree(run_dir / heavy, ignore_errors=True)
     return [json.loads(x) for x in text.splitlines()]
 
 
