@@ -93,6 +93,7 @@ def main() -> None:
     parser.add_argument("--results", default="bench/results/allocation", help="finished runs' metrics (in git)")
     parser.add_argument("--out", default=None)
     parser.add_argument("--report-only", action="store_true", help="train nothing; tabulate finished runs")
+    parser.add_argument("--partial", action="store_true", help="tabulate each method over its finished seeds")
     args = parser.parse_args()
     methods, tasks = args.methods.split(","), args.tasks.split(",")
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -106,10 +107,15 @@ def main() -> None:
         results = {(m, s): run_one(args.recipe, m, task, s, args) for s in seeds for m in methods}
         busy = [k for k, v in results.items() if v is None]
         if busy:
-            print(f"\n{task}: {len(busy)} run(s) not finished (in another process, or --report-only)")
-            continue
-        curves = {m: [curve(results[m, s]) for s in seeds] for m in methods}
-        report["tasks"][task] = report_task(task, methods, curves, args.budget_tokens, seeds)
+            print(f"\n{task}: {len(busy)} run(s) not finished (in another process, or --report-only): "
+                  + ", ".join(f"{m} seed {s}" for m, s in busy))
+            if not args.partial:
+                continue
+        # with --partial, each method over the seeds it has finished
+        curves = {m: [curve(results[m, s]) for s in seeds if results[m, s] is not None] for m in methods}
+        curves = {m: cs for m, cs in curves.items() if cs}
+        if curves:
+            report["tasks"][task] = report_task(task, list(curves), curves, args.budget_tokens, seeds)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, indent=2))

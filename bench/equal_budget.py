@@ -89,7 +89,7 @@ def tokens_to_reach(tokens: np.ndarray, acc: np.ndarray, target: float) -> float
 
 
 def mean_curve(curves: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
-    """Seed-mean pass@1 on a common token grid, up to the shortest run."""
-    end = min(tok[-1] for tok, _ in curves)
-    grid = np.unique(np.concatenate([tok[tok <= end] for tok, _ in curves] + [np.array([end])]))
+    """Seed-mean pass@1 on a common token grid. A run that ended (its budget spent) holds its last
+    value to the longest run's end, so the curve ends at the mean of the seeds' finals."""
+    grid = np.unique(np.concatenate([tok for tok, _ in curves]))
     return grid, np.mean([np.interp(grid, tok, acc) for tok, acc in curves], axis=0)
