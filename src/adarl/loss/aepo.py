@@ -44,10 +44,7 @@ class Aepo(PolicyLoss):
         ratio = torch.exp(x.logp - x.old_logp)  # ρ
         low, high = 1.0 - self.eps_low, 1.0 + self.eps_high
         loss, stats = clipped_surrogate(ratio, adv, low, high, self.dual_clip)
-        value = ratio.detach()
-        upper = (value > high) & (adv > 0)
         if self.balanced_clip:  # (c): same value as the clip, gradient (1 + ε_high)·A'
-            loss = torch.where(upper, -high * (ratio / value) * adv, loss)
-        stats["clip_low_fraction"] = ((value < low) & (adv < 0)).float()
-        stats["clip_high_fraction"] = upper.float()
+            upper = stats["clip_high_fraction"] > 0  # ρ > 1 + ε_high with A' > 0
+            loss = torch.where(upper, -high * (ratio / ratio.detach()) * adv, loss)
         return loss, stats

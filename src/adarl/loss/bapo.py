@@ -102,8 +102,6 @@ class Bapo(PolicyLoss):
         c_low, c_high, share = self.bounds(ratio, x.adv, x.mask)
         loss, stats = clipped_surrogate(ratio, x.adv, c_low, c_high, self.dual_clip)
         value = ratio.detach()
-        stats["clip_low_fraction"] = ((value < c_low) & (x.adv < 0)).float()
-        stats["clip_high_fraction"] = ((value > c_high) & (x.adv > 0)).float()
         stats["bapo_c_low"] = torch.full_like(value, c_low)
         stats["bapo_c_high"] = torch.full_like(value, c_high)
         stats["bapo_positive_share"] = torch.full_like(value, share)

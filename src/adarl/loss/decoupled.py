@@ -56,7 +56,4 @@ class DecoupledPpo(PpoClip):  # eps_low, eps_high, dual_clip as in ppo_clip
         stats["behaviour_weight_mean"] = weight
         stats["is_masked_fraction"] = (outside if self.is_mode == "mask" else torch.zeros_like(outside)).float()
         stats["is_clamped_fraction"] = (outside if self.is_mode == "clamp" else torch.zeros_like(outside)).float()
-        value = ratio.detach()
-        stats["clip_low_fraction"] = ((value < 1.0 - self.eps_low) & (x.adv < 0)).float()
-        stats["clip_high_fraction"] = ((value > 1.0 + self.eps_high) & (x.adv > 0)).float()
         return weight * loss, stats

@@ -51,7 +51,5 @@ class Gspo(PolicyLoss):
         low, high = 1.0 - self.eps_low, 1.0 + self.eps_high
         loss, stats = clipped_surrogate(s, x.adv, low, high)
         s_value = s.detach()
-        stats["clip_low_fraction"] = ((s_value < low) & (x.adv < 0)).float()
-        stats["clip_high_fraction"] = ((s_value > high) & (x.adv > 0)).float()
         stats["gspo_seq_ratio"] = s_value
         return loss, stats

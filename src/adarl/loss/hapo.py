@@ -61,7 +61,4 @@ class Hapo(PolicyLoss):
         low, high = 1.0 - eps_low, 1.0 + eps_high
         loss, clip_stats = clipped_surrogate(ratio, adv, low, high, self.dual_clip)
         stats.update(clip_stats)
-        value = ratio.detach()
-        stats["clip_low_fraction"] = ((value < low) & (adv < 0)).float()
-        stats["clip_high_fraction"] = ((value > high) & (adv > 0)).float()
         return loss, stats

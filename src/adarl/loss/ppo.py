@@ -20,11 +20,18 @@ from adarl.registry import STRICT, register
 
 def clipped_surrogate(ratio: torch.Tensor, adv: torch.Tensor, low: torch.Tensor | float, high: torch.Tensor | float,
                       dual_clip: float | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """−min(ρA, clip(ρ, low, high)A), then the dual clip for A < 0; bounds may be per-token tensors."""
+    """−min(ρA, clip(ρ, low, high)A), then the dual clip for A < 0; bounds may be per-token tensors.
+
+    Stats: `clip_fraction` (the clipped term is the smaller), and which bound holds the gradient:
+    `clip_low_fraction` (ρ < low, A < 0) and `clip_high_fraction` (ρ > high, A > 0).
+    """
     unclipped = ratio * adv
     clipped = torch.minimum(torch.maximum(ratio, torch.as_tensor(low)), torch.as_tensor(high)) * adv
     loss = -torch.minimum(unclipped, clipped)
-    stats = {"clip_fraction": (clipped < unclipped).float()}
+    value = ratio.detach()
+    stats = {"clip_fraction": (clipped < unclipped).float(),
+             "clip_low_fraction": ((value < low) & (adv < 0)).float(),
+             "clip_high_fraction": ((value > high) & (adv > 0)).float()}
     if dual_clip is not None:
         dual = -dual_clip * adv
         use_dual = (adv < 0) & (loss > dual)
