@@ -258,10 +258,7 @@ def evaluate_task(model, tokenizer, task: EvalTask, *, ks: list[int], n: int, ro
         problems = problems[:size]
     if not problems:
         raise ValueError(f"task {task.name}: the held-out split is empty (task.eval_size is 0?)")
-    prompt_ids = {}
-    for p in problems:
-        messages = p.prompt if isinstance(p.prompt, list) else [{"role": "user", "content": p.prompt}]
-        prompt_ids[p.id] = chat_ids(tokenizer, messages)
+    prompt_ids = {p.id: chat_ids(tokenizer, p.messages) for p in problems}
     generator = HfGenerator(model, tokenizer, rollout, seed=seed)
     rewards = Rewards(task.rewards, workers=workers, timeout_s=timeout_s)
     try:

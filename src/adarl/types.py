@@ -25,6 +25,11 @@ class Problem:
     answer: str | None = None
     columns: dict[str, Any] = field(default_factory=dict)  # extra dataset fields, passed to rewards
 
+    @property
+    def messages(self) -> list[dict[str, str]]:
+        """The prompt as chat messages (a plain-text prompt is one user message)."""
+        return self.prompt if isinstance(self.prompt, list) else [{"role": "user", "content": self.prompt}]
+
 
 @dataclass
 class Request:

@@ -17,6 +17,7 @@ does nothing.
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 import shutil
@@ -122,6 +123,18 @@ def clean_stale(root: Path) -> None:
                 shutil.rmtree(stale, ignore_errors=True)
             else:
                 stale.unlink(missing_ok=True)
+
+
+def save_model(final: Path, model: Any, tokenizer: Any, phase: str = "", step: int = 0) -> Path:
+    """`final` as a Hugging Face folder (model and tokenizer; LoRA merged into a copy), via `save_dir`."""
+    if hasattr(model, "merge_and_unload"):
+        model = copy.deepcopy(model).merge_and_unload()
+
+    def write(out: Path) -> None:
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+
+    return save_dir(final, write, phase=phase, step=step)
 
 
 def save_dir(final: Path, write: Callable[[Path], None], phase: str = "", step: int = 0) -> Path:

@@ -43,6 +43,21 @@ def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int) ->
     return Packed(ids, mask, targets, torch.tensor(source, dtype=torch.long), [len(p) for p in prompts])
 
 
+def micro_batches(order: list[int], lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """Indices of `order` in length-sorted micro-batches whose padded size (rows × longest) stays
+    within `max_tokens` (a row longer than that is a micro-batch of its own)."""
+    out: list[list[int]] = []
+    current: list[int] = []
+    for i in sorted(order, key=lambda i: lengths[i]):
+        if current and (len(current) + 1) * lengths[i] > max_tokens:
+            out.append(current)
+            current = []
+        current.append(i)
+    if current:
+        out.append(current)
+    return out
+
+
 def _head(lm_head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float,
           entropy_grad: bool = False):
     logits = lm_head(hidden).float() / temperature

@@ -10,7 +10,6 @@ The trained model is written to `run_dir/final`.
 
 from __future__ import annotations
 
-import copy
 import math
 from pathlib import Path
 from typing import Any, Literal
@@ -24,7 +23,8 @@ from adarl.metrics.sinks import MetricsWriter
 from adarl.models import chat_ids, load_model
 from adarl.tasks.base import build_task
 from adarl.train import checkpoint
-from adarl.train.logprobs import pack
+from adarl.train.logprobs import micro_batches, pack
+from adarl.train.trainer import build_optimizer
 from adarl.types import Problem
 
 
@@ -34,20 +34,9 @@ def sft_pairs(problems: list[Problem], tokenizer: Any) -> list[tuple[list[int], 
     for p in problems:
         if p.answer is None:
             raise ValueError(f"sft: problem {p.id!r} has no answer; every training problem needs one to imitate")
-        messages = p.prompt if isinstance(p.prompt, list) else [{"role": "user", "content": p.prompt}]
         answer = list(tokenizer(str(p.answer), add_special_tokens=False)["input_ids"])
-        pairs.append((chat_ids(tokenizer, messages), [*answer, tokenizer.eos_token_id]))
+        pairs.append((chat_ids(tokenizer, p.messages), [*answer, tokenizer.eos_token_id]))
     return pairs
-
-
-def _micro_batches(rows: list[tuple[list[int], list[int]]], max_tokens: int) -> list[list[tuple[list[int], list[int]]]]:
-    out: list[list[tuple[list[int], list[int]]]] = [[]]
-    for row in rows:
-        width = max([len(p) + len(c) for p, c in out[-1]] + [len(row[0]) + len(row[1])])
-        if out[-1] and width * (len(out[-1]) + 1) > max_tokens:
-            out.append([])
-        out[-1].append(row)
-    return out
 
 
 def run_sft(recipe: Recipe, run_dir: Path, objective: Literal["otr", "nll"] = "otr", *, steps: int | None = None,
@@ -72,9 +61,8 @@ def run_sft(recipe: Recipe, run_dir: Path, objective: Literal["otr", "nll"] = "o
     pairs = sft_pairs(task.train, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     t = recipe.train
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=t.lr, betas=t.betas, weight_decay=t.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / (t.warmup_steps + 1)))
+    optimizer, scheduler = build_optimizer(model, t)
+    params = [p for group in optimizer.param_groups for p in group["params"]]
     device = next(model.parameters()).device
     generator = torch.Generator(device=device).manual_seed(recipe.seed)
     rng = np.random.default_rng(recipe.seed)
@@ -89,7 +77,9 @@ def run_sft(recipe: Recipe, run_dir: Path, objective: Literal["otr", "nll"] = "o
             rows, order = [pairs[i] for i in order[:per_step]], order[per_step:]
             n_tokens = sum(len(c) for _, c in rows)
             sums = {"loss": 0.0, "target_logprob": 0.0, "hit_fraction": 0.0, "fallback_fraction": 0.0}
-            for micro in _micro_batches(rows, t.micro_batch_tokens):
+            lengths = [len(p) + len(c) for p, c in rows]
+            for index in micro_batches(list(range(len(rows))), lengths, t.micro_batch_tokens):
+                micro = [rows[i] for i in index]
                 packed = pack([p for p, _ in micro], [c for _, c in micro], pad_id)
                 hidden = decoder(input_ids=packed.input_ids.to(device), use_cache=False).last_hidden_state
                 logits = lm_head(hidden.reshape(-1, hidden.shape[-1]).index_select(0, packed.source.to(device)))
@@ -113,11 +103,5 @@ def run_sft(recipe: Recipe, run_dir: Path, objective: Literal["otr", "nll"] = "o
             if objective == "nll":
                 del row["hit_fraction"], row["fallback_fraction"]
             last = writer.write({"step": step, **row, "grad_norm": norm, "tokens": n_tokens})
-    final = copy.deepcopy(model).merge_and_unload() if hasattr(model, "merge_and_unload") else model
-
-    def write(out: Path) -> None:
-        final.save_pretrained(out)
-        tokenizer.save_pretrained(out)
-
-    checkpoint.save_dir(run_dir / "final", write)
+    checkpoint.save_model(run_dir / "final", model, tokenizer)
     return last

@@ -21,7 +21,7 @@ import torch
 
 from adarl import registry
 from adarl.budget import Budget
-from adarl.config import AdaptiveTemperature, Recipe, dump_recipe
+from adarl.config import AdaptiveTemperature, Recipe, TrainConfig, dump_recipe
 from adarl.loss.aggregate import sequence_weights
 from adarl.loss.base import LossInputs
 from adarl.metrics.progress import Progress
@@ -36,11 +36,19 @@ from adarl.tokens.base import batch_entropies
 from adarl.tokens.entropy import EntropyStats
 from adarl.train import checkpoint
 from adarl.train.checkpoint import crash_point
-from adarl.train.logprobs import completion_logprobs, pack
+from adarl.train.logprobs import completion_logprobs, micro_batches, pack
 from adarl.types import Batch, Group, Problem, Request, Rollout
 
 TIMING_KEYS = ("generate_s", "verify_s", "train_s", "eval_s", "step_s", "tokens_per_s", "wall_s")
 MAX_BAD_UPDATES = 3  # updates in a row with a non-finite loss or gradient that stop the run
+
+
+def build_optimizer(model: torch.nn.Module, t: TrainConfig):
+    """AdamW over the trainable parameters, with a linear warm-up over `t.warmup_steps`."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=t.lr, betas=t.betas, weight_decay=t.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / (t.warmup_steps + 1)))
+    return optimizer, scheduler
 
 
 class NonFiniteUpdates(RuntimeError):
@@ -82,12 +90,8 @@ class Trainer:
                              recipe.budget.rollouts_per_step, expected_length=recipe.rollout.max_new_tokens)
         self.np_rng = np.random.default_rng(recipe.seed)
         self.store = DifficultyStore([p.id for p in self.task.train])
-        params = [p for p in self.model.parameters() if p.requires_grad]
         t = recipe.train
-        self.optimizer = torch.optim.AdamW(params, lr=t.lr, betas=t.betas, weight_decay=t.weight_decay)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: min(1.0, (s + 1) / (t.warmup_steps + 1))
-        )
+        self.optimizer, self.scheduler = build_optimizer(self.model, t)
         if t.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
         self.pad_id = self.generator.pad_id
@@ -131,10 +135,7 @@ class Trainer:
     def prompt_ids(self, problem: Problem) -> list[int]:
         ids = self._prompt_cache.get(problem.id)
         if ids is None:
-            messages = problem.prompt if isinstance(problem.prompt, list) else [
-                {"role": "user", "content": problem.prompt}
-            ]
-            ids = self._prompt_cache[problem.id] = chat_ids(self.tokenizer, messages)
+            ids = self._prompt_cache[problem.id] = chat_ids(self.tokenizer, problem.messages)
         return ids
 
     @property
@@ -305,18 +306,7 @@ class Trainer:
     # ---------------------------------------------------------------- update
 
     def _micro_batches(self, order: list[int], lengths: list[int]) -> list[list[int]]:
-        """Length-sorted micro-batches whose padded size stays within micro_batch_tokens."""
-        budget = self.recipe.train.micro_batch_tokens
-        out: list[list[int]] = []
-        current: list[int] = []
-        for i in sorted(order, key=lambda i: lengths[i]):
-            if current and (len(current) + 1) * lengths[i] > budget:
-                out.append(current)
-                current = []
-            current.append(i)
-        if current:
-            out.append(current)
-        return out
+        return micro_batches(order, lengths, self.recipe.train.micro_batch_tokens)
 
     def _forward(self, batch_rows: list[tuple[list[int], list[int]]], grad: bool, model=None,
                  entropy_grad: bool = False):
@@ -644,14 +634,4 @@ class Trainer:
     def save_final(self) -> None:
         """`final/`: a Hugging Face folder, written under `final.tmp/` and renamed when complete."""
         crash_point("final", self.step)
-        model = self.model
-        if hasattr(model, "merge_and_unload"):
-            import copy
-
-            model = copy.deepcopy(model).merge_and_unload()
-
-        def write(out: Path) -> None:
-            model.save_pretrained(out)
-            self.tokenizer.save_pretrained(out)
-
-        checkpoint.save_dir(self.run_dir / "final", write, phase="final", step=self.step)
+        checkpoint.save_model(self.run_dir / "final", self.model, self.tokenizer, phase="final", step=self.step)
