@@ -49,6 +49,7 @@ class PolicyLoss:
 
     # what the trainer must supply in LossInputs
     needs_entropy: ClassVar[bool] = False  # entropy and entropy_norm
+    needs_behaviour: ClassVar[bool] = False  # beh_logp
 
     def surrogate(self, x: LossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The method's own (B, T) per-token loss and per-token statistics (averaged over `mask`)."""

@@ -18,7 +18,7 @@ it never re-weights the other tokens. With ℓ_beh = ℓ_prox, w = 1 and the los
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 from pydantic import Field, model_validator
@@ -35,6 +35,8 @@ class DecoupledPpo(PpoClip):  # eps_low, eps_high, dual_clip as in ppo_clip
     is_mode: Literal["none", "mask", "clamp"] = "mask"
     w_max: float = Field(5.0, gt=0.0)  # AReaL's behav_imp_weight_cap in its examples
     w_min: float = Field(0.0, ge=0.0)  # 0 = no lower bound
+
+    needs_behaviour: ClassVar[bool] = True
 
     @model_validator(mode="after")
     def _bounds_ordered(self) -> DecoupledPpo:

@@ -182,11 +182,7 @@ class Trainer:
         t0 = time.perf_counter()
         for key, value in self.rewards.score(fresh).items():
             metrics[key] = metrics.get(key, 0.0) + value if key.startswith(("reward_", "verify")) else value
-        for shaping in self.shapings:
-            shaping(fresh, self.recipe.rollout.max_new_tokens)
-            column = np.concatenate([g.rewards[:, g.reward_names.index(shaping.column)] for g in fresh])
-            metrics[f"reward/{shaping.column}"] = float(column.mean())
-            metrics.update({f"shaping/{k}": v for k, v in getattr(shaping, "metrics", dict)().items()})
+        self.shape(fresh, metrics)
         metrics["verify_s"] = metrics.get("verify_s", 0.0) + time.perf_counter() - t0
         self.store.update(fresh, self.step + 1)
         for g in fresh:
@@ -217,12 +213,7 @@ class Trainer:
         metrics.update({f"allocate/{key}": value for key, value in self.allocator.metrics().items()})
         t0 = time.perf_counter()
         if batch.groups:
-            batch.advantages = self.estimator(batch)
-            self._fit_entropy_stats(batch)
-            weights = self.token_weights(batch, metrics)
-            metrics["effective_token_fraction"] = (self._effective_tokens(batch, weights)
-                                                   / max(self.budget.step_tokens, 1))
-            metrics.update(self.update(batch, weights))
+            self.learn(batch, metrics)
         else:  # every group was filtered out: nothing to learn from this step
             metrics["effective_token_fraction"] = 0.0
         metrics["train_s"] = time.perf_counter() - t0
@@ -245,6 +236,22 @@ class Trainer:
                 "selected/pass_estimate_q25": float(q25), "selected/pass_estimate_q50": float(q50),
                 "selected/pass_estimate_q75": float(q75),
                 "selected/unseen_fraction": float(np.mean(self.store.last_step[chosen] < 0)) if chosen else 0.0}
+
+    def shape(self, groups: list[Group], metrics: dict[str, Any]) -> None:
+        """The recipe's reward shapings, in order, on freshly verified groups."""
+        for shaping in self.shapings:
+            shaping(groups, self.recipe.rollout.max_new_tokens)
+            column = np.concatenate([g.rewards[:, g.reward_names.index(shaping.column)] for g in groups])
+            metrics[f"reward/{shaping.column}"] = float(column.mean())
+            metrics.update({f"shaping/{k}": v for k, v in getattr(shaping, "metrics", dict)().items()})
+
+    def learn(self, batch: Batch, metrics: dict[str, Any]) -> None:
+        """Advantages, token weights and the policy update of a verified batch."""
+        batch.advantages = self.estimator(batch)
+        self._fit_entropy_stats(batch)
+        weights = self.token_weights(batch, metrics)
+        metrics["effective_token_fraction"] = self._effective_tokens(batch, weights) / max(self.budget.step_tokens, 1)
+        metrics.update(self.update(batch, weights))
 
     def progress(self) -> float:
         """The fraction of the run done, by whichever budget ends it first (for schedules)."""
@@ -398,7 +405,8 @@ class Trainer:
         a = torch.tensor([adv[i] for i in micro], dtype=torch.float32)[:, None] * tw
         x = LossInputs(logp=logp, old_logp=old, adv=a, mask=mask,
                        ref_logp=self._reference_logprobs([rows[i] for i in micro]) if kl_on else None,
-                       beh_logp=self._padded([rollouts[i].logprobs for i in micro], logp),
+                       beh_logp=self._padded([rollouts[i].logprobs for i in micro], logp)
+                       if self.loss_fn.needs_behaviour else None,
                        entropy_live=ent if entropy_grad else None)
         if self.loss_fn.needs_entropy:
             x.entropy = self._padded([rollouts[i].entropies for i in micro], logp)
