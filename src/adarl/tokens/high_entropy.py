@@ -18,6 +18,7 @@ kept tokens only.
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import numpy as np
 from pydantic import Field
@@ -58,6 +59,7 @@ def checked_entropies(batch: Batch, weights: list[np.ndarray]) -> list[np.ndarra
 @dataclass(config=STRICT)
 class HighEntropy:
     top: float = Field(0.2, gt=0.0, le=1.0)  # ρ, the fraction of the batch's live tokens kept
+    needs_entropy: ClassVar[bool] = True
 
     def __call__(self, batch: Batch, weights: list[np.ndarray], progress: float) -> list[np.ndarray]:
         entropies = checked_entropies(batch, weights)

@@ -28,7 +28,7 @@ from adarl.metrics.progress import Progress
 from adarl.metrics.sinks import MetricsWriter, read_jsonl
 from adarl.models import chat_ids, load_model, load_reference
 from adarl.rewards import Rewards
-from adarl.rollout.hf import HfGenerator
+from adarl.rollout import build_generator
 from adarl.rollout.scheduler import RolloutScheduler
 from adarl.select.store import DifficultyStore
 from adarl.tasks.base import build_task
@@ -39,7 +39,7 @@ from adarl.train.checkpoint import crash_point
 from adarl.train.logprobs import completion_logprobs, micro_batches, pack
 from adarl.types import Batch, Group, Problem, Request, Rollout
 
-TIMING_KEYS = ("generate_s", "verify_s", "train_s", "eval_s", "step_s", "tokens_per_s", "wall_s")
+TIMING_KEYS = ("generate_s", "verify_s", "train_s", "weight_sync_s", "eval_s", "step_s", "tokens_per_s", "wall_s")
 MAX_BAD_UPDATES = 3  # updates in a row with a non-finite loss or gradient that stop the run
 
 
@@ -83,7 +83,7 @@ class Trainer:
         self.allocator = registry.build("allocate", recipe.allocate)
         self.estimator = registry.build("advantage", recipe.advantage)
         self.token_weightings = [registry.build("tokens", spec) for spec in recipe.tokens]
-        self.generator = HfGenerator(self.model, self.tokenizer, recipe.rollout, seed=recipe.seed)
+        self.generator = build_generator(self.model, self.tokenizer, recipe.rollout, seed=recipe.seed)
         self.rollouts = RolloutScheduler(self.generator, recipe.rollout.scheduler)
         self.problems_by_id = {p.id: p for p in self.task.train}
         self.budget = Budget(recipe.budget.max_tokens, recipe.budget.tokens_per_step,
@@ -218,7 +218,9 @@ class Trainer:
             metrics["effective_token_fraction"] = 0.0
         metrics["train_s"] = time.perf_counter() - t0
         self.last_groups = generated
+        t0 = time.perf_counter()
         self.generator.update_weights()
+        metrics["weight_sync_s"] = time.perf_counter() - t0
         if self.recipe.rollout.adaptive_temperature is not None:  # HAPO: sampling uses this step's ĥ statistics
             self.generator.set_entropy_stats(self.entropy_stats)
         self.step += 1
@@ -423,6 +425,11 @@ class Trainer:
         sums["tokens_trained"] += float(mask.sum())
         sums["loss"] = sums.get("loss", 0.0) + float((per_token.detach() * mask).sum())
         sums["entropy"] = sums.get("entropy", 0.0) + float((ent * mask).sum())
+        # |ℓ_behaviour − ℓ_θ| per token: the sampler/trainer mismatch (hf ≈ 0; vllm: its kernels),
+        # plus the policy's own move when a step makes several updates
+        beh = x.beh_logp if x.beh_logp is not None else self._padded([rollouts[i].logprobs for i in micro], logp)
+        sums["behaviour_logp_gap"] = sums.get("behaviour_logp_gap", 0.0) + float(
+            ((beh - logp.detach()).abs() * mask).sum())
         for key, value in stats.items():
             sums[key] = sums.get(key, 0.0) + float((value * mask).sum())
 
@@ -604,6 +611,8 @@ class Trainer:
             writer.close()
             self.rewards.close()
             self.rollouts.close()  # async mode: stop the generation thread
+            if hasattr(self.generator, "close"):
+                self.generator.close()  # vllm: shut the engine down
         try:
             from adarl.metrics.report import write_report
 

