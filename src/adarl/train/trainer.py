@@ -21,7 +21,7 @@ import torch
 
 from adarl import registry
 from adarl.budget import Budget
-from adarl.config import AdaptiveTemperature, Recipe, TrainConfig, dump_recipe
+from adarl.config import AdaptiveTemperature, Recipe, TrainConfig, dump_recipe, resolve_backend
 from adarl.loss.aggregate import sequence_weights
 from adarl.loss.base import LossInputs
 from adarl.metrics.progress import Progress
@@ -83,6 +83,7 @@ class Trainer:
         self.allocator = registry.build("allocate", recipe.allocate)
         self.estimator = registry.build("advantage", recipe.advantage)
         self.token_weightings = [registry.build("tokens", spec) for spec in recipe.tokens]
+        recipe.rollout.backend = resolve_backend(recipe)  # auto -> the one used, as config.yaml records
         self.generator = build_generator(self.model, self.tokenizer, recipe.rollout, seed=recipe.seed)
         self.rollouts = RolloutScheduler(self.generator, recipe.rollout.scheduler)
         self.problems_by_id = {p.id: p for p in self.task.train}
