@@ -32,7 +32,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from adarl.config import load_recipe
+from adarl.config import load_recipe, resolve_backend
 from adarl.train import checkpoint
 from adarl.train.trainer import TIMING_KEYS
 
@@ -184,7 +184,9 @@ def tb_steps(tb_dir: Path, tag: str) -> list[tuple[int, float]]:
 def test_sigkill_at_random_points_then_resume_is_exact(tiny_model_dir, tmp_path):
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(yaml.safe_dump(crash_recipe(tiny_model_dir, write_task(tmp_path / "prompts.jsonl"))))
-    config = load_recipe(recipe).model_dump()
+    loaded = load_recipe(recipe)
+    loaded.rollout.backend = resolve_backend(loaded)  # config.yaml names the backend `auto` resolved to
+    config = loaded.model_dump()
 
     # the uninterrupted run keeps every checkpoint, to compare each of the killed run's with
     straight = tmp_path / "straight"

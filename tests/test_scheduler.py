@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import warnings
 
 import pytest
 import torch
@@ -127,6 +128,21 @@ def test_first_step_admits_over_provisioned_groups(model_and_tokenizer, prompt_i
     assert len(scheduler.buffer) == 3 and scheduler.metrics()["groups_buffered"] == 3
     assert scheduler.run([], spare) == []  # nothing needed: nothing generated, nothing admitted
     assert scheduler.next_id == 5
+
+
+def test_partial_mode_warns_when_rows_exceed_the_decoding_batch(model_and_tokenizer, prompt_ids):
+    """Over-provisioned rows past rollout.max_batch would wait, not run alongside the tail: say so, once."""
+    model, tok = model_and_tokenizer
+    small = CFG.model_copy(update={"max_batch": 4})
+    scheduler = RolloutScheduler(HfGenerator(model, tok, small, seed=SEED), SchedulerConfig(mode="partial"))
+    needed, spare = step_requests(prompt_ids, 0)
+    with pytest.warns(UserWarning, match=r"8 rows requested but rollout.max_batch is 4"):
+        scheduler.run(needed, spare)  # 2 needed + 2 spare groups of 2 rows
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        scheduler.run(*step_requests(prompt_ids, 1))
+        wide = RolloutScheduler(HfGenerator(model, tok, CFG, seed=SEED), SchedulerConfig(mode="partial"))
+        wide.run(needed, spare)  # max_batch 64 holds every row: no warning
 
 
 def test_complete_bypasses_the_buffer(model_and_tokenizer, prompt_ids):

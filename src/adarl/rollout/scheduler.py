@@ -71,6 +71,7 @@ import copy
 import math
 import threading
 import time
+import warnings
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -173,6 +174,7 @@ class RolloutScheduler:
         self.generator = generator
         self.cfg = cfg or SchedulerConfig()
         self.buffer: list[_Group] = []  # partial: groups held; async: admitted, not yet consumed
+        self._warned_batch = False
         self.queue: list[_Group] = []  # async: enqueued, not yet admitted
         self.next_id = 0
         self._metrics: dict[str, Any] = {}
@@ -290,6 +292,14 @@ class RolloutScheduler:
         if not requests:
             return 0
         stop_when: StopWhen | None = None
+        if target is not None and isinstance(self.generator, HfGenerator) and not self._warned_batch:
+            rows, max_batch = len(slots), self.generator.cfg.max_batch
+            if rows > max_batch:
+                self._warned_batch = True
+                warnings.warn(f"partial rollouts: {rows} rows requested but rollout.max_batch is {max_batch}; the hf "
+                              "generator decodes them in batches one after another, so the step can stop before "
+                              "the later rows start and nothing runs alongside the tail. Set rollout.max_batch "
+                              f">= {rows} for APRIL's over-provisioning to take effect", stacklevel=2)
         if target is not None:
             already = sum(g.complete for g in self.buffer)
             row_group = np.array([gi for gi, _ in slots])
