@@ -94,6 +94,20 @@ class SampleStream:
         return [int(k) for k in splitmix64(splitmix64(base ^ request) ^ row)] if len(row) else []
 
 
+def row_keys(requests: Sequence[Request], keys: Sequence[int] | None, greedy: bool,
+             new_keys: Callable[[Sequence[Request]], list[int]]) -> tuple[list[int], list[int]]:
+    """Each row's sampling key and request index (request i's n rows consecutive).
+
+    Keys default to fresh ones from `new_keys`; greedy decoding draws none (all 0).
+    """
+    n_rows = sum(req.n for req in requests)
+    if keys is None:
+        keys = [0] * n_rows if greedy else new_keys(requests)
+    elif len(keys) != n_rows:
+        raise ValueError(f"keys: got {len(keys)}, expected one per row ({n_rows})")
+    return list(keys), [i for i, req in enumerate(requests) for _ in range(req.n)]
+
+
 @dataclass
 class Progress:
     """What `stop_when` sees after every decoding step: a live view, updated in place."""
@@ -206,12 +220,7 @@ class HfGenerator:
         A request with `prefix_ids` continues from prompt + prefix; its rollouts hold only the new tokens.
         """
         max_new = max_new_tokens or self.cfg.max_new_tokens
-        n_rows = sum(req.n for req in requests)
-        if keys is None:
-            keys = [0] * n_rows if greedy else self.new_keys(requests)
-        elif len(keys) != n_rows:
-            raise ValueError(f"keys: got {len(keys)}, expected one per row ({n_rows})")
-        row_request = [i for i, req in enumerate(requests) for _ in range(req.n)]
+        keys, row_request = row_keys(requests, keys, greedy, self.new_keys)
         rows = [_Row(i, int(key) & _MASK64, list(requests[i].prefix_ids or []))
                 for i, key in zip(row_request, keys, strict=True)]
         for row in rows:

@@ -42,7 +42,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from adarl.config import RolloutConfig
-from adarl.rollout.hf import Progress, SampleStream, StopWhen, splitmix64
+from adarl.rollout.hf import Progress, SampleStream, StopWhen, row_keys, splitmix64
 from adarl.types import Request, Rollout
 
 _SEED_MASK = (1 << 63) - 1
@@ -203,12 +203,8 @@ class VllmGenerator:
         from vllm.sampling_params import RequestOutputKind
 
         max_new = max_new_tokens or self.cfg.max_new_tokens
-        n_rows = sum(req.n for req in requests)
-        if keys is None:
-            keys = [0] * n_rows if greedy else self.new_keys(requests)
-        elif len(keys) != n_rows:
-            raise ValueError(f"keys: got {len(keys)}, expected one per row ({n_rows})")
-        row_request = [i for i, req in enumerate(requests) for _ in range(req.n)]
+        keys, row_request = row_keys(requests, keys, greedy, self.new_keys)
+        n_rows = len(keys)
         progress = Progress([False] * n_rows, row_request)
         tokens: list[list[int]] = [[] for _ in range(n_rows)]
         logprobs: list[list[float]] = [[] for _ in range(n_rows)]
