@@ -159,6 +159,30 @@ def test_lora_weights_are_merged_for_the_push(tiny_model_dir):
         gen.close()
 
 
+def test_bfloat16_engine_fed_float32_weights(tiny_model_dir):
+    """rollout.vllm.dtype: bfloat16 samples from the float32 training weights, pushes included."""
+    _vllm()
+    from adarl.rollout.vllm import VllmGenerator
+
+    torch.manual_seed(0)
+    model, tok = load_model(ModelConfig(path=str(tiny_model_dir)))
+    gen = VllmGenerator(model, tok, RolloutConfig(max_new_tokens=12, vllm={"kv_cache_gib": 1.0, "dtype": "bfloat16"}))
+    try:
+        assert gen.llm.llm_engine.model_config.dtype == torch.bfloat16
+        ids = prompts(tok, ["Hi"])
+        for _ in range(2):  # as built, then after a push of moved weights
+            rollouts = gen.generate([Request("a", ids[0], 4)])
+            logp = trainer_logprobs(gen, [ids[0]] * 4, rollouts, 1.0)
+            for j, r in enumerate(rollouts):  # bfloat16 rounding: close, not equal
+                torch.testing.assert_close(logp[j, : len(r)], torch.tensor(r.logprobs), atol=0.1, rtol=0.05)
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(torch.randn_like(p) * 0.05)
+            gen.update_weights()
+    finally:
+        gen.close()
+
+
 @pytest.mark.parametrize("scheduler", [{"mode": "sync"}, {"mode": "partial", "over_provision": 2.0}])
 def test_trains_and_resumes_with_vllm(scheduler, tiny_model_dir, tmp_path, monkeypatch):
     """Two steps with the vllm backend; the sampler/trainer gap is float noise; resume continues."""

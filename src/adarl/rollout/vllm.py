@@ -106,10 +106,10 @@ class VllmGenerator:
         self._asleep = False
         if not self._cuda:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{max(1, round(vcfg.kv_cache_gib))}")
-        self._dir = Path(tempfile.mkdtemp(prefix="adarl-vllm-"))
+        folder = Path(tempfile.mkdtemp(prefix="adarl-vllm-"))
         try:
-            self._export(self._dir)
-            dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+            self._export(folder)
+            dtype = vcfg.dtype if vcfg.dtype != "auto" else str(next(model.parameters()).dtype).removeprefix("torch.")
             base = model.get_base_model() if hasattr(model, "get_base_model") else model
             max_len = vcfg.max_model_len or getattr(base.config, "max_position_embeddings", 8192)
             # CPU build: with chunked prefill, a seeded request whose prefill is split crashes the
@@ -117,14 +117,14 @@ class VllmGenerator:
             # 0.32). Whole-prompt prefill avoids the split; the token budget must then hold one.
             cpu = {} if self._cuda else {"enable_chunked_prefill": False, "max_num_batched_tokens": max_len}
             self.llm = LLM(
-                model=str(self._dir), tokenizer=str(self._dir), dtype=dtype, seed=seed,
+                model=str(folder), tokenizer=str(folder), dtype=dtype, seed=seed,
                 logprobs_mode="processed_logprobs", enable_prefix_caching=True,
                 gpu_memory_utilization=vcfg.gpu_memory_utilization, enable_sleep_mode=self._sleep,
                 enforce_eager=vcfg.enforce_eager or not self._cuda,
                 max_model_len=max_len, **cpu,
             )
         finally:
-            shutil.rmtree(self._dir, ignore_errors=True)  # the engine holds the weights now
+            shutil.rmtree(folder, ignore_errors=True)  # the engine holds the weights now
         if self._sleep:
             self._to_sleep()
 
