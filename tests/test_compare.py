@@ -224,6 +224,25 @@ def test_rerun_skips_finished_resumes_checkpointed_restarts_the_rest(tmp_path):
                              "--run-dir", str(crashed)]
     assert (crashed / "train.log").read_text() == "first attempt\n"  # the log survives the restart
     assert any("skipped" in line for line in lines) and any("FAILED" in line for line in lines)
+    # a run finished in this invocation loses its checkpoints (3x the model); final/ and the metrics stay
+    assert not (ckpt / "checkpoints").exists() and (ckpt / "final").is_dir() and (ckpt / "metrics.jsonl").exists()
+    assert any("deleted checkpoints/" in line for line in lines)
+
+
+def test_keep_checkpoints_keeps_them(tmp_path):
+    jobs = cmp.plan([_recipe_file(tmp_path, "a")], [0], 500, tmp_path / "out")
+
+    def runner(command, log, cwd, env):
+        run_dir = Path(command[-1])
+        write_run(run_dir, {0: 0.1, 2: 0.4}, steps=2, tokens_per_step=250)
+        (run_dir / "checkpoints" / "step_000002").mkdir(parents=True)
+        (run_dir / "checkpoints" / "step_000002" / "optimizer.pt").write_bytes(b"x" * 1000)
+        return 0
+
+    assert cmp.run_jobs(jobs, echo=lambda _: None, runner=runner, keep_checkpoints=True) == {
+        jobs[0].run_dir: "finished"}
+    assert (jobs[0].run_dir / "checkpoints" / "step_000002" / "optimizer.pt").stat().st_size == 1000
+    assert cmp.drop_checkpoints(jobs[0].run_dir) == 1000 and not (jobs[0].run_dir / "checkpoints").exists()
 
 
 # ---------------------------------------------------------------- a real comparison on the tiny model
@@ -260,6 +279,7 @@ def test_compare_end_to_end_on_tiny_model(tiny_model_dir, tmp_path, monkeypatch)
         assert "eval/pass@1" in last and rec["final_pass@1"]["n"] == 1
         config = yaml.safe_load((Path(run["dir"]) / "config.yaml").read_text())
         assert config["budget"]["max_steps"] is None and config["budget"]["max_tokens"] == 150
+        assert (Path(run["dir"]) / "final").is_dir() and not (Path(run["dir"]) / "checkpoints").exists()
     saved = json.loads((out / "comparison.json").read_text())
     assert saved["budget_tokens"] == 150 and saved["target"]["pass@1"] is not None
     mtime = (out / "grpo" / "seed0" / "metrics.jsonl").stat().st_mtime_ns

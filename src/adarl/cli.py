@@ -224,6 +224,9 @@ def compare(
         "--ray", help="run the runs as Ray tasks on the cluster at this address (e.g. auto); needs the ray "
                       "package and a shared filesystem")] = None,
     report: Annotated[bool, typer.Option("--report/--no-report", help="write OUT/report.html")] = True,
+    keep_checkpoints: Annotated[bool, typer.Option(
+        "--keep-checkpoints", help="keep each finished run's checkpoints/ (weights + optimizer state, about 3x "
+                                   "the model's size); by default only final/ and the metrics are kept")] = False,
 ) -> None:
     from rich.console import Console
 
@@ -251,7 +254,7 @@ def compare(
     typer.echo(f"comparing {', '.join(names)} × {seeds} seed{'s' if seeds > 1 else ''} at "
                f"{budget_tokens} generated tokens each, in {out}")
     result = cmp.compare(recipes, seeds, budget_tokens, out, extra=set_ or [], target=target,
-                         ray_address=ray_address, echo=typer.echo)
+                         ray_address=ray_address, echo=typer.echo, keep_checkpoints=keep_checkpoints)
     Console().print(cmp.table(result))
     typer.echo(f"wrote {out / cmp.COMPARISON_FILE}")
     if report:

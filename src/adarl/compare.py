@@ -338,7 +338,8 @@ def prepare(job: Job) -> str:
 
 
 def run_jobs(jobs: Sequence[Job], echo: Callable[[str], None] = print, ray_address: str | None = None,
-             runner: Callable[[list[str], str, str, dict[str, str]], int] = _run_logged) -> dict[Path, str]:
+             runner: Callable[[list[str], str, str, dict[str, str]], int] = _run_logged,
+             keep_checkpoints: bool = False) -> dict[Path, str]:
     """Run every job that is not done; returns ``{run dir: skipped | finished | resumed | failed (rc)}``."""
     status: dict[Path, str] = {}
     todo: list[tuple[Job, str]] = []
@@ -352,30 +353,40 @@ def run_jobs(jobs: Sequence[Job], echo: Callable[[str], None] = print, ray_addre
     env = dict(os.environ)
     cwd = os.getcwd()
     if ray_address is not None and todo:
-        return {**status, **_run_on_ray(todo, ray_address, env, cwd, echo)}
+        return {**status, **_run_on_ray(todo, ray_address, env, cwd, echo, keep_checkpoints)}
     for i, (job, state) in enumerate(todo, 1):
         what = "resuming" if state == "resume" else "training"
         echo(f"[{i}/{len(todo)}] {job.name} seed {job.seed}: {what} in {job.run_dir} (log: train.log)")
         t0 = time.perf_counter()
         rc = runner(command(job, state), str(job.run_dir / "train.log"), cwd, env)
-        status[job.run_dir] = _outcome(job, state, rc, time.perf_counter() - t0, echo)
+        status[job.run_dir] = _outcome(job, state, rc, time.perf_counter() - t0, echo, keep_checkpoints)
     return status
 
 
-def _outcome(job: Job, state: str, rc: int, seconds: float, echo: Callable[[str], None]) -> str:
+def drop_checkpoints(run_dir: Path) -> int:
+    """Delete a finished run's ``checkpoints/``; the bytes freed."""
+    folder = run_dir / "checkpoints"
+    size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) if folder.is_dir() else 0
+    shutil.rmtree(folder, ignore_errors=True)
+    return size
+
+
+def _outcome(job: Job, state: str, rc: int, seconds: float, echo: Callable[[str], None],
+             keep_checkpoints: bool = False) -> str:
     from adarl.metrics.progress import format_duration
 
     if rc == 0 and run_state(job.run_dir) == "done":
         s = summarize_run(job.run_dir, job.seed)
         p1 = f", final pass@1 {s.final_pass1:.3f}" if s.final_pass1 is not None else ""
-        echo(f"    done in {format_duration(seconds)}: {fmt_tokens(s.tokens)} tokens, {s.steps} steps{p1}")
+        freed = "" if keep_checkpoints else f"; deleted checkpoints/ ({drop_checkpoints(job.run_dir) / 2**30:.2f} GiB)"
+        echo(f"    done in {format_duration(seconds)}: {fmt_tokens(s.tokens)} tokens, {s.steps} steps{p1}{freed}")
         return "resumed" if state == "resume" else "finished"
     echo(f"    FAILED (exit code {rc}); last lines of {job.run_dir / 'train.log'}:\n{_tail(job.run_dir / 'train.log')}")
     return f"failed ({rc})"
 
 
 def _run_on_ray(todo: list[tuple[Job, str]], address: str, env: dict[str, str], cwd: str,
-                echo: Callable[[str], None]) -> dict[Path, str]:
+                echo: Callable[[str], None], keep_checkpoints: bool = False) -> dict[Path, str]:
     """Each run as a Ray task (one CPU each); the comparison directory must be on a shared filesystem."""
     try:
         import ray
@@ -393,7 +404,8 @@ def _run_on_ray(todo: list[tuple[Job, str]], address: str, env: dict[str, str], 
         ready, pending = ray.wait(pending, num_returns=1)
         job, state = refs[ready[0]]
         echo(f"{job.name} seed {job.seed}:")
-        status[job.run_dir] = _outcome(job, state, ray.get(ready[0]), time.perf_counter() - t0, echo)
+        status[job.run_dir] = _outcome(job, state, ray.get(ready[0]), time.perf_counter() - t0, echo,
+                                       keep_checkpoints)
     return status
 
 
@@ -407,7 +419,7 @@ def write_comparison(out: Path, result: dict[str, Any]) -> Path:
 
 def compare(recipes: Sequence[str | Path], seeds: int, budget_tokens: int, out: Path, *, extra: Sequence[str] = (),
             target: float | None = None, ray_address: str | None = None,
-            echo: Callable[[str], None] = print) -> dict[str, Any]:
+            echo: Callable[[str], None] = print, keep_checkpoints: bool = False) -> dict[str, Any]:
     """Run (or resume) the comparison, then aggregate it into ``OUT/comparison.json``."""
     out = Path(out)
     jobs = plan(recipes, range(seeds), budget_tokens, out, extra)
@@ -416,7 +428,7 @@ def compare(recipes: Sequence[str | Path], seeds: int, budget_tokens: int, out: 
     header = {"budget_tokens": budget_tokens, "seeds": list(range(seeds)), "extra_overrides": list(extra),
               "recipes": [{"name": n, "path": str(next(j.recipe for j in jobs if j.name == n))} for n in names]}
     write_comparison(out, header)  # the recipe order, for an interrupted comparison's report
-    status = run_jobs(jobs, echo=echo, ray_address=ray_address)
+    status = run_jobs(jobs, echo=echo, ray_address=ray_address, keep_checkpoints=keep_checkpoints)
     groups = {n: [summarize_run(j.run_dir, j.seed) for j in jobs if j.name == n] for n in names}
     result = aggregate(groups, target, budget_tokens)
     for rec, meta in zip(result["recipes"], header["recipes"], strict=True):
