@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import json
 from fractions import Fraction
@@ -130,6 +131,27 @@ def test_eval_checkpoint_equals_eval_of_final(runs, on_path):
     assert ev.default_out(t) == run / "eval_step_2.json"
 
 
+def test_each_task_samples_from_the_seed_whatever_came_before(runs, on_path):
+    """One generator serves every task; its sample stream restarts at the seed for each task."""
+    from adarl.rollout.hf import HfGenerator
+
+    target = ev.resolve_target(runs["full"])
+    model, tok = ev.load_target(target, threads=1)
+    gen = HfGenerator(model, tok, target.recipe.rollout.model_copy(update={"max_new_tokens": 6}), seed=0)
+    real, states = gen.generate, []
+
+    def spy(requests, greedy=False, **kw):
+        states.append((greedy, gen.rng.get_state()))
+        return real(requests, greedy=greedy, **kw)
+
+    gen.generate = spy
+    (task,) = ev.resolve_tasks([], target)
+    first, _ = ev.evaluate_task(gen, tok, task, ks=[1, 2], n=2, seed=7, size=2)
+    second, _ = ev.evaluate_task(gen, tok, task, ks=[1, 2], n=2, seed=7, size=2)
+    assert [s for greedy, s in states if not greedy] == [{"seed": 7, "calls": 0}] * 2
+    assert first == second
+
+
 def test_resolve_errors(runs, tiny_model_dir, tmp_path):
     with pytest.raises(ValueError, match="--task"):
         ev.resolve_tasks([], ev.resolve_target(str(tiny_model_dir)))
@@ -155,6 +177,7 @@ def test_cli_eval_run_writes_json_into_the_run_and_the_report_draws_it(runs, on_
     assert result.exit_code == 0, result.output
     data = json.loads((run / "eval.json").read_text())
     assert data["kind"] == "run" and data["n"] == 3 and data["k"] == [1, 2]
+    assert data["backend"] == ev.resolve_target(run).recipe.rollout.backend  # what the run trained with
     (task,) = data["tasks"].values()
     assert task["problems"] == 3 and len(task["per_problem"]) == 3 and len(task["pass@k_curve"]) == 3
     assert set(task) >= {"greedy_pass@1", "pass@k", "avg@k", "mean_length", "per_problem"}
@@ -182,3 +205,9 @@ def test_cli_eval_errors_exit_2(tiny_model_dir):
     assert result.exit_code == 2 and "--task" in result.output
     result = CliRunner().invoke(app, ["eval", str(tiny_model_dir), "--task", "basic_arithmetic", "--n", "2"])
     assert result.exit_code == 2 and "pass@16" in result.output
+    result = CliRunner().invoke(app, ["eval", str(tiny_model_dir), "--task", "basic_arithmetic", "--backend", "trl"])
+    assert result.exit_code == 2 and "choose hf, vllm or auto" in result.output
+    if importlib.util.find_spec("vllm") is None:
+        result = CliRunner().invoke(app, ["eval", str(tiny_model_dir), "--task", "basic_arithmetic",
+                                          "--backend", "vllm", "--size", "1"])
+        assert result.exit_code == 2 and "needs vLLM" in result.output

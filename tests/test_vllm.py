@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from adarl.config import ModelConfig, RecipeError, RolloutConfig, load_recipe
 from adarl.models import chat_ids, load_model
@@ -211,6 +212,27 @@ def test_trains_and_resumes_with_vllm(scheduler, tiny_model_dir, tmp_path, monke
     Trainer(load_recipe(data=data), tmp_path / "run").run(resume=True)
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]
+
+
+def test_eval_with_vllm_matches_hf_greedy(tiny_model_dir, tmp_path, monkeypatch):
+    """`adarl eval --backend vllm`: the same greedy completions as hf, and sampled pass@k from the engine."""
+    _vllm()
+    from adarl import evaluate as ev
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    from test_train import recipe_data, write_task
+
+    rollout = {"max_new_tokens": 8, "vllm": {"kv_cache_gib": 1.0}}
+    data = recipe_data(tiny_model_dir, write_task(tmp_path), rollout=rollout)
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(data))
+    target = ev.resolve_target(str(tiny_model_dir))
+    tasks = ev.resolve_tasks([str(tmp_path / "recipe.yaml")], target)
+    out = {b: ev.run_eval(target, tasks, ks=[1, 2], n=2, size=4, threads=1, backend=b).data for b in ("hf", "vllm")}
+    assert out["vllm"]["backend"] == "vllm" and out["hf"]["backend"] == "hf"
+    (hf,), (vl,) = out["hf"]["tasks"].values(), out["vllm"]["tasks"].values()
+    assert [(p["greedy"], p["greedy_length"]) for p in hf["per_problem"]] == [
+        (p["greedy"], p["greedy_length"]) for p in vl["per_problem"]]
+    assert all(p["n"] == 2 for p in vl["per_problem"])
 
 
 @pytest.mark.parametrize(("over", "message"), [

@@ -175,12 +175,17 @@ def eval_(
                                                                             "rollout.temperature")] = None,
     max_new_tokens: Annotated[int | None, typer.Option("--max-new-tokens", min=1)] = None,
     threads: Annotated[int | None, typer.Option("--threads", min=1, help="torch threads")] = None,
+    backend: Annotated[str | None, typer.Option(
+        "--backend", help="generation backend: hf, vllm or auto (vllm when installed). Default: the run's or "
+                          "recipe's rollout.backend")] = None,
 ) -> None:
     from rich.console import Console
 
     from adarl import evaluate as ev
     from adarl.config import RecipeError
 
+    if backend not in (None, "hf", "vllm", "auto"):
+        _fail(f"--backend {backend}: choose hf, vllm or auto")
     try:
         ks = ev.parse_ks(k)
         target = ev.resolve_target(model_or_run)
@@ -198,8 +203,8 @@ def eval_(
     typer.echo(f"evaluating {target.describe()} on {', '.join(t.name for t in tasks)}", err=True)
     try:
         result = ev.run_eval(target, tasks, ks=ks, n=n, size=size, seed=seed, temperature=temperature,
-                             max_new_tokens=max_new_tokens, threads=threads)
-    except (ValueError, FileNotFoundError) as err:
+                             max_new_tokens=max_new_tokens, threads=threads, backend=backend)
+    except (ValueError, FileNotFoundError, ImportError) as err:
         _fail(str(err))
     Console().print(ev.table(result.data))
     path = out or ev.default_out(target)

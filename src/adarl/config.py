@@ -298,20 +298,24 @@ def _check_entropy_source(recipe: Recipe, backend: str | None = None) -> list[st
             if getattr(registry.build(where.split(".")[0], dict(spec)), "needs_entropy", False)]
 
 
-def resolve_backend(recipe: Recipe) -> str:
-    """The backend `auto` stands for: vllm if it is installed and can serve the recipe, else hf.
+def pick_backend(rollout: RolloutConfig, needs_entropy: bool = False) -> str:
+    """The backend `auto` stands for: vllm if it is installed and can serve the rollout, else hf.
 
     vLLM measured faster end to end on a 2-core CPU too (README, "Generation backends"), but it
     records no entropies and has no async mode, so recipes using those stay on hf.
     """
-    r = recipe.rollout
-    if r.backend != "auto":
-        return r.backend
-    if importlib.util.find_spec("vllm") is None:
-        return "hf"
-    if r.hf_only() or _check_entropy_source(recipe, "vllm"):
+    if rollout.backend != "auto":
+        return rollout.backend
+    if needs_entropy or rollout.hf_only() or importlib.util.find_spec("vllm") is None:
         return "hf"
     return "vllm"
+
+
+def resolve_backend(recipe: Recipe) -> str:
+    """`pick_backend` for a whole recipe: its losses and token selectors may read entropies."""
+    if recipe.rollout.backend != "auto":
+        return recipe.rollout.backend
+    return pick_backend(recipe.rollout, needs_entropy=bool(_check_entropy_source(recipe, "vllm")))
 
 
 def _check_component(stage: str, where: str, spec: dict[str, Any]) -> list[str]:

@@ -13,14 +13,17 @@ On which problems (`resolve_tasks`): the held-out eval split (``build_task(cfg, 
 the run's own task, of the task and rewards of a recipe YAML file, or of a reasoning-gym
 generator named directly (scored with the default ``short_answer`` reward).
 
-How: every problem gets one greedy completion (greedy pass@1) and ``n`` sampled ones with the
-`HfGenerator`. From the c correct of the n samples, pass@k is the unbiased estimator of Chen et
-al. (2021) (`adarl.metrics.passk`); avg@k is the mean accuracy of the first k samples.
+How: every problem gets one greedy completion (greedy pass@1) and ``n`` sampled ones from the
+run's generation backend (``--backend``, else the recipe's ``rollout.backend``; ``auto`` is
+vllm when installed: `adarl.config.pick_backend`). From the c correct of the n samples, pass@k
+is the unbiased estimator of Chen et al. (2021) (`adarl.metrics.passk`); avg@k is the mean
+accuracy of the first k samples.
 """
 
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import json
 import time
 from dataclasses import dataclass, field
@@ -29,8 +32,9 @@ from typing import Any
 
 import numpy as np
 
-from adarl.config import Recipe, RewardConfig, RolloutConfig, TaskConfig, load_recipe
+from adarl.config import Recipe, RewardConfig, RolloutConfig, TaskConfig, load_recipe, pick_backend
 from adarl.metrics.passk import pass_at_k_array
+from adarl.rollout import VLLM_MISSING, build_generator
 
 DEFAULT_K = (1, 4, 16)
 
@@ -240,16 +244,17 @@ def summarize(results: list[ProblemResult], ks: list[int], n: int) -> dict[str, 
     return out
 
 
-def evaluate_task(model, tokenizer, task: EvalTask, *, ks: list[int], n: int, rollout: RolloutConfig,
-                  seed: int = 0, size: int | None = None, workers: int = 2,
+def evaluate_task(generator, tokenizer, task: EvalTask, *, ks: list[int], n: int, seed: int = 0,
+                  size: int | None = None, workers: int = 2,
                   timeout_s: float = 10.0) -> tuple[dict[str, Any], list[ProblemResult]]:
-    """Greedy and `n` sampled completions per held-out problem of `task`.
+    """Greedy and `n` sampled completions per held-out problem of `task`, from `generator` (hf or vllm).
 
-    Returns the task's summary (JSON-ready, with per-problem c/n) and the per-problem results.
+    The generator's sample stream restarts at `seed`, so a task's samples do not depend on the
+    tasks evaluated before it. Returns the task's summary (JSON-ready, with per-problem c/n) and
+    the per-problem results.
     """
     from adarl.models import chat_ids
     from adarl.rewards import Rewards
-    from adarl.rollout.hf import HfGenerator
     from adarl.tasks.base import build_task
     from adarl.types import Group, Request
 
@@ -259,7 +264,7 @@ def evaluate_task(model, tokenizer, task: EvalTask, *, ks: list[int], n: int, ro
     if not problems:
         raise ValueError(f"task {task.name}: the held-out split is empty (task.eval_size is 0?)")
     prompt_ids = {p.id: chat_ids(tokenizer, p.messages) for p in problems}
-    generator = HfGenerator(model, tokenizer, rollout, seed=seed)
+    generator.rng.set_state({"seed": seed, "calls": 0})
     rewards = Rewards(task.rewards, workers=workers, timeout_s=timeout_s)
     try:
         greedy = generator.generate([Request(p.id, prompt_ids[p.id], 1) for p in problems], greedy=True)
@@ -298,8 +303,11 @@ class EvalResult:
 
 def run_eval(target: Target, tasks: list[EvalTask], *, ks: list[int], n: int | None = None,
              size: int | None = None, seed: int = 0, temperature: float | None = None,
-             max_new_tokens: int | None = None, threads: int | None = None) -> EvalResult:
-    """Evaluate `target` on every task; the JSON-ready result (``data``) and per-problem results."""
+             max_new_tokens: int | None = None, threads: int | None = None,
+             backend: str | None = None) -> EvalResult:
+    """Evaluate `target` on every task; the JSON-ready result (``data``) and per-problem results.
+
+    `backend` (hf, vllm, auto) defaults to the run's or recipe's ``rollout.backend``."""
     n = max(ks) if n is None else n
     if n > 0 and max(ks) > n:
         raise ValueError(f"pass@{max(ks)} needs at least {max(ks)} samples per problem; got --n {n}")
@@ -310,22 +318,34 @@ def run_eval(target: Target, tasks: list[EvalTask], *, ks: list[int], n: int | N
             if t.source.startswith("recipe "):
                 rollout = load_recipe(t.source.removeprefix("recipe ")).rollout
                 break
-    update = {k: v for k, v in (("temperature", temperature), ("max_new_tokens", max_new_tokens)) if v is not None}
+    update = {k: v for k, v in (("temperature", temperature), ("max_new_tokens", max_new_tokens),
+                                ("backend", backend)) if v is not None}
     rollout = rollout.model_copy(update=update)
+    rollout = rollout.model_copy(update={"backend": pick_backend(rollout)})
+    if rollout.backend == "vllm":
+        if importlib.util.find_spec("vllm") is None:
+            raise ImportError(VLLM_MISSING)
+        if problems := rollout.hf_only():
+            raise ValueError("; ".join(problems))
     t0 = time.perf_counter()
     model, tokenizer = load_target(target, threads=threads)
     data: dict[str, Any] = {
         "target": target.spec, "kind": target.kind, "model": target.model_path,
         "weights": str(target.weights) if target.weights else None, "step": target.step,
         "n": n, "k": ks, "seed": seed, "temperature": rollout.temperature, "top_p": rollout.top_p,
-        "max_new_tokens": rollout.max_new_tokens, "tasks": {},
+        "max_new_tokens": rollout.max_new_tokens, "backend": rollout.backend, "tasks": {},
     }
     all_results: dict[str, list[ProblemResult]] = {}
-    for task in tasks:
-        summary, results = evaluate_task(model, tokenizer, task, ks=ks, n=n, rollout=rollout, seed=seed,
-                                         size=size, workers=target.recipe.reward_workers if target.recipe else 2)
-        data["tasks"][task.name] = summary
-        all_results[task.name] = results
+    generator = build_generator(model, tokenizer, rollout, seed=seed)
+    try:
+        for task in tasks:
+            summary, results = evaluate_task(generator, tokenizer, task, ks=ks, n=n, seed=seed, size=size,
+                                             workers=target.recipe.reward_workers if target.recipe else 2)
+            data["tasks"][task.name] = summary
+            all_results[task.name] = results
+    finally:
+        if rollout.backend == "vllm":
+            generator.close()
     if len(tasks) > 1:
         data["overall"] = summarize([r for rs in all_results.values() for r in rs], ks, n)
     data["wall_s"] = round(time.perf_counter() - t0, 2)
