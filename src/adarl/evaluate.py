@@ -344,8 +344,7 @@ def run_eval(target: Target, tasks: list[EvalTask], *, ks: list[int], n: int | N
             data["tasks"][task.name] = summary
             all_results[task.name] = results
     finally:
-        if rollout.backend == "vllm":
-            generator.close()
+        generator.close()
     if len(tasks) > 1:
         data["overall"] = summarize([r for rs in all_results.values() for r in rs], ks, n)
     data["wall_s"] = round(time.perf_counter() - t0, 2)

@@ -185,6 +185,9 @@ class HfGenerator:
         for listener in self.weight_listeners:
             listener()
 
+    def close(self) -> None:
+        """Nothing to release: the hf backend holds no engine (vllm's shuts its engine down)."""
+
     def set_entropy_stats(self, stats: EntropyStats | None) -> None:
         """The entropy statistics of the last training batch, for HAPO's adaptive temperature."""
         self.entropy_stats = stats

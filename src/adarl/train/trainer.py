@@ -612,8 +612,7 @@ class Trainer:
             writer.close()
             self.rewards.close()
             self.rollouts.close()  # async mode: stop the generation thread
-            if hasattr(self.generator, "close"):
-                self.generator.close()  # vllm: shut the engine down
+            self.generator.close()  # vllm: shut the engine down
         try:
             from adarl.metrics.report import write_report
 
