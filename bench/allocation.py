@@ -79,6 +79,33 @@ def report_task(task: str, methods: list[str], curves: dict[str, list], budget: 
     return rows
 
 
+def plot(report: dict, path: str) -> None:
+    """Seed-mean held-out pass@1 against generated tokens, one panel per task, one line per method."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    tasks = report["tasks"]
+    fig = Figure(figsize=(6.5 * len(tasks), 4.8))
+    FigureCanvasAgg(fig)
+    for i, (task, rows) in enumerate(tasks.items()):
+        ax = fig.add_subplot(1, len(tasks), i + 1)
+        for j, row in enumerate(rows):
+            cs = [(np.array(c["tokens"]), np.array(c["pass@1"])) for c in row["curves"]]
+            tok, acc = mean_curve(cs)
+            style = {"color": "black", "lw": 2.5} if row["method"] == "uniform" else {"lw": 1.4}
+            ax.plot(tok, acc, ls="-" if j < 6 else "--", label=f"{row['method']} ({row['seeds']})", **style)
+        uniform = next((r for r in rows if r["method"] == "uniform"), None)
+        if uniform is not None:
+            ax.axhline(uniform["final_mean"], color="black", ls=":", lw=1)
+        ax.set(title=f"{task}: {report['budget_tokens']:,} generated tokens per run",
+               xlabel="generated tokens", ylabel="held-out greedy pass@1 (seed mean)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, title="method (seeds)", title_fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--recipe", default="recipes/quickstart.yaml")
@@ -92,6 +119,7 @@ def main() -> None:
     parser.add_argument("--runs", default="runs/bench-allocation")
     parser.add_argument("--results", default="bench/results/allocation", help="finished runs' metrics (in git)")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--plot", default=None, help="PNG of pass@1 against tokens per task")
     parser.add_argument("--report-only", action="store_true", help="train nothing; tabulate finished runs")
     parser.add_argument("--partial", action="store_true", help="tabulate each method over its finished seeds")
     args = parser.parse_args()
@@ -119,6 +147,8 @@ def main() -> None:
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, indent=2))
+    if args.plot and report["tasks"]:
+        plot(report, args.plot)
 
 
 if __name__ == "__main__":
