@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -62,10 +61,9 @@ def train(
         for r in loaded.rewards:
             if r.type == "callable" and r.function:
                 validate_callable(r.function)
-        if loaded.rollout.backend == "vllm" and importlib.util.find_spec("vllm") is None:
-            from adarl.rollout import VLLM_MISSING
+        from adarl.rollout import require_backend
 
-            raise ImportError(VLLM_MISSING)
+        require_backend(loaded.rollout.backend)
     except RecipeError as err:
         _fail(str(err))
     except (ValueError, ImportError) as err:

@@ -23,7 +23,6 @@ accuracy of the first k samples.
 from __future__ import annotations
 
 import difflib
-import importlib.util
 import json
 import time
 from dataclasses import dataclass, field
@@ -34,7 +33,7 @@ import numpy as np
 
 from adarl.config import Recipe, RewardConfig, RolloutConfig, TaskConfig, load_recipe, pick_backend
 from adarl.metrics.passk import pass_at_k_array
-from adarl.rollout import VLLM_MISSING, build_generator
+from adarl.rollout import build_generator, require_backend
 
 DEFAULT_K = (1, 4, 16)
 
@@ -322,11 +321,9 @@ def run_eval(target: Target, tasks: list[EvalTask], *, ks: list[int], n: int | N
                                 ("backend", backend)) if v is not None}
     rollout = rollout.model_copy(update=update)
     rollout = rollout.model_copy(update={"backend": pick_backend(rollout)})
-    if rollout.backend == "vllm":
-        if importlib.util.find_spec("vllm") is None:
-            raise ImportError(VLLM_MISSING)
-        if problems := rollout.hf_only():
-            raise ValueError("; ".join(problems))
+    require_backend(rollout.backend)
+    if rollout.backend == "vllm" and (problems := rollout.hf_only()):
+        raise ValueError("; ".join(problems))
     t0 = time.perf_counter()
     model, tokenizer = load_target(target, threads=threads)
     data: dict[str, Any] = {
