@@ -5,7 +5,7 @@ Dr.GRPO (Liu et al., understand-r1-zero): A_i = r_i − mean_j r_j   (no std div
 
 Groups may have any size: statistics are segment reductions over each group's rollouts,
 never a reshape to (prompts, n). A group of size 1 has mean 0 and std 1 (its advantage is
-its reward, as in verl).
+its reward, as in verl). A group of equal rewards gets advantage exactly 0.0 (`equal_groups`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from pydantic.dataclasses import dataclass
 
-from adarl.advantage.base import group_segments
+from adarl.advantage.base import equal_groups, group_segments
 from adarl.registry import STRICT, register
 from adarl.types import Batch
 
@@ -28,7 +28,11 @@ def group_stats(rewards: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.
     std = np.sqrt(sq / np.maximum(sizes - 1, 1))
     single = sizes == 1
     mean[single], std[single] = 0.0, 1.0
-    return np.repeat(mean, sizes), np.repeat(std, sizes)
+    mean_per, std_per = np.repeat(mean, sizes), np.repeat(std, sizes)
+    # a group of equal rewards (size > 1) has mean exactly its reward and std exactly 0: r − mean = 0.0
+    equal = equal_groups(rewards, sizes) & ~np.repeat(single, sizes)
+    mean_per[equal], std_per[equal] = rewards[equal], 0.0
+    return mean_per, std_per
 
 
 @register("advantage", "grpo")

@@ -15,7 +15,7 @@ import numpy as np
 from pydantic import Field
 from pydantic.dataclasses import dataclass
 
-from adarl.advantage.base import group_segments
+from adarl.advantage.base import equal_groups, group_segments
 from adarl.advantage.grpo import Grpo
 from adarl.registry import STRICT, register
 from adarl.types import Batch
@@ -45,4 +45,4 @@ class Hapo:
         fallback = np.repeat(exploded, sizes) | no_tokens
         if fallback.any():
             adv = np.where(fallback, Grpo(eps=self.eps)(batch), adv)
-        return adv
+        return np.where(equal_groups(rewards, sizes), 0.0, adv)  # no float residue in equal groups
