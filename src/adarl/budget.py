@@ -6,6 +6,7 @@ carry the cumulative count and curves can be drawn against tokens spent, not ste
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from adarl.types import Rollout
@@ -26,14 +27,30 @@ class Budget:
         self.step_tokens = 0
         self.step_rollouts = 0
 
-    def spend(self, rollouts: list[Rollout], tokens: int | None = None) -> None:
-        """Count `rollouts`; `tokens` is what generating them cost when that differs from their
-        length (partial rollouts: tokens sampled this call, including rollouts still unfinished)."""
-        tokens = sum(len(r) for r in rollouts) if tokens is None else tokens
+    def spend(self, rollouts: list[Rollout] | int, tokens: int | None = None) -> None:
+        """Count rollouts started (a list of them, or how many) and the tokens generating cost.
+
+        `tokens` defaults to the rollouts' length; pass it when they differ (partial and async
+        modes: tokens sampled this call, including rollouts still unfinished or cut by the budget).
+        """
+        if isinstance(rollouts, int):
+            count = rollouts
+            tokens = 0 if tokens is None else tokens
+        else:
+            count = len(rollouts)
+            tokens = sum(len(r) for r in rollouts) if tokens is None else tokens
         self.step_tokens += tokens
         self.total_tokens += tokens
-        self.step_rollouts += len(rollouts)
-        self.total_rollouts += len(rollouts)
+        self.step_rollouts += count
+        self.total_rollouts += count
+
+    def reserve(self, rollouts: int, tokens: float) -> Budget:
+        """A copy of this budget with `rollouts` and `tokens` already spent this step: what is left
+        for requests made beside ones not yet generated (spare requests of over-provisioning)."""
+        view = Budget(**{k: getattr(self, k) for k in self.__dataclass_fields__})
+        view.step_rollouts += rollouts
+        view.step_tokens += int(math.ceil(tokens))
+        return view
 
     def step_tokens_left(self) -> int | None:
         """Tokens still allowed this step (None = unlimited).

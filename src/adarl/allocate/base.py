@@ -55,14 +55,21 @@ def fit(counts: dict[PromptId, int], budget: Budget, store: DifficultyStore | No
         want = np.minimum(want, _largest_remainder(want.astype(float), rollouts_left))
     tokens_left = budget.step_tokens_left()
     if tokens_left is not None and len(ids):
-        length = np.full(len(ids), float(budget.expected_length))
-        if store is not None:
-            known = store.mean_length[[store.index[q] for q in ids]]
-            length = np.where(np.isnan(known), length, np.maximum(known, 1.0))
+        length = expected_lengths(ids, budget, store)
         if (want * length).sum() > tokens_left:
             scaled = _largest_remainder(want * length, int(tokens_left)) / length
             want = np.minimum(want, np.floor(scaled).astype(np.int64))
     return {q: int(n) for q, n in zip(ids, want, strict=True) if n > 0}
+
+
+def expected_lengths(ids: list[PromptId], budget: Budget, store: DifficultyStore | None = None) -> np.ndarray:
+    """Tokens per rollout expected of each prompt: its mean completion length in the store, or
+    `budget.expected_length` for prompts never seen."""
+    length = np.full(len(ids), float(budget.expected_length))
+    if store is not None and len(ids):
+        known = store.mean_length[[store.index[q] for q in ids]]
+        length = np.where(np.isnan(known), length, np.maximum(known, 1.0))
+    return length
 
 
 def subset(group: Group, keep: list[int]) -> Group:

@@ -38,6 +38,7 @@ call (`RolloutScheduler` joins the pieces).
 
 from __future__ import annotations
 
+import copy
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -114,6 +115,7 @@ class Progress:
 
     row_finished: list[bool]  # per row, in the order the rollouts are returned
     row_request: list[int]  # the request index of each row
+    tokens: int = 0  # sampled so far in this call
 
     @property
     def rows_finished(self) -> int:
@@ -164,6 +166,7 @@ class HfGenerator:
         self.last_temperature_mean: float | None = None  # mean T over the last generate's tokens
         self._temperature_sum = 0.0
         self._temperature_count = 0
+        self._weight_pairs: list[tuple[torch.Tensor, torch.Tensor]] = []  # a replica's (own, source) tensors
         eos = model.generation_config.eos_token_id if model.generation_config is not None else None
         eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         if tokenizer.eos_token_id is not None:
@@ -187,6 +190,26 @@ class HfGenerator:
 
     def close(self) -> None:
         """Nothing to release: the hf backend holds no engine (vllm's shuts its engine down)."""
+
+    def replica(self) -> HfGenerator:
+        """A generator over a deep copy of the model, for a generation thread (async mode).
+
+        `pull_weights` on the replica copies this generator's current weights into it, in place.
+        requires_grad flags stay the trainer's: CPU matmuls are then bitwise those of the training
+        model (frozen weights can take other kernels); generate runs in inference mode anyway.
+        """
+        model = copy.deepcopy(self.model).eval()
+        twin = HfGenerator(model, copy.deepcopy(self.tokenizer), self.cfg)
+        twin.policy_version = self.policy_version
+        source = self.model.state_dict()
+        twin._weight_pairs = [(t, source[k]) for k, t in model.state_dict().items()]
+        return twin
+
+    def pull_weights(self) -> None:
+        """A replica: copy the weights of the generator it was made from."""
+        with torch.no_grad():
+            for dst, src in self._weight_pairs:
+                dst.copy_(src)
 
     def set_entropy_stats(self, stats: EntropyStats | None) -> None:
         """The entropy statistics of the last training batch, for HAPO's adaptive temperature."""
@@ -213,13 +236,15 @@ class HfGenerator:
     @torch.inference_mode()
     def generate(
         self, requests: list[Request], greedy: bool = False, max_new_tokens: int | None = None,
-        stop_when: StopWhen | None = None, keys: Sequence[int] | None = None,
+        stop_when: StopWhen | None = None, keys: Sequence[int] | None = None, max_tokens: int | None = None,
     ) -> list[Rollout]:
         """Rollouts for every request, each request's n rollouts consecutive, in request order.
 
         `keys`: one sampling key per row (continue a partial rollout with its own); default: new
         keys (`new_keys`). Greedy decoding uses no keys and leaves the random state alone.
         `stop_when`: called after every decoding step; True stops, unfinished rows are "partial".
+        `max_tokens`: the call samples at most this many tokens in all (a step's token budget): it
+        stops before a decoding step that would pass it, and unfinished rows are "partial".
         A request with `prefix_ids` continues from prompt + prefix; its rollouts hold only the new tokens.
         """
         max_new = max_new_tokens or self.cfg.max_new_tokens
@@ -237,7 +262,7 @@ class HfGenerator:
         try:
             for start in range(0, len(todo), self.cfg.max_batch):
                 chunk = todo[start : start + self.cfg.max_batch]
-                if self._decode(requests, rows, chunk, greedy, max_new, progress, stop_when):
+                if self._decode(requests, rows, chunk, greedy, max_new, progress, stop_when, max_tokens):
                     break
         finally:
             self.model.train(was_training)
@@ -327,14 +352,16 @@ class HfGenerator:
         return any(s in tail for s in self.cfg.stop)
 
     def _decode(self, requests: list[Request], all_rows: list[_Row], chunk: list[int], greedy: bool, max_new: int,
-                progress: Progress, stop_when: StopWhen | None) -> bool:
-        """Decode the rows `chunk` of `all_rows` until they finish; True when `stop_when` stopped it."""
+                progress: Progress, stop_when: StopWhen | None, max_tokens: int | None = None) -> bool:
+        """Decode the rows `chunk` of `all_rows` until they finish; True when `stop_when` or `max_tokens` stopped it."""
         rows = [all_rows[j] for j in chunk]
         logits, cache, attn, next_pos = self._prefill(requests, rows)
         active = list(range(len(rows)))  # position in the current (compacted) batch -> row
         keys = np.array([r.key for r in rows], dtype=np.uint64)
         offsets = np.array([len(r.prefix) for r in rows], dtype=np.int64)  # completion position of step 0
         for step in range(max_new - int(offsets.min())):
+            if max_tokens is not None and progress.tokens + sum(rows[i].finish is None for i in active) > max_tokens:
+                return True  # the next step would sample past the token budget
             draw = self._sample(logits, greedy, None if greedy else uniforms(keys, offsets + step))
             tokens = draw.tokens
             is_eos = torch.isin(tokens, self.eos_ids).tolist()
@@ -346,6 +373,7 @@ class HfGenerator:
                 if row.finish is not None:  # finished, waiting for the next compaction
                     continue
                 row.tokens.append(token)
+                progress.tokens += 1
                 row.logprobs.append(vals[0])
                 row.entropies.append(vals[1])
                 self._temperature_sum += vals[2] if len(vals) > 2 else self.cfg.temperature

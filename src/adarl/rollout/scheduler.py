@@ -67,7 +67,6 @@ the trainer's weights into the copy (state dict, in place) and moves the copy's 
 
 from __future__ import annotations
 
-import copy
 import math
 import threading
 import time
@@ -96,7 +95,8 @@ class KeyedGenerator(Protocol):
     def new_keys(self, requests: Sequence[Request]) -> list[int]: ...
 
     def generate(self, requests: list[Request], greedy: bool = False, max_new_tokens: int | None = None,
-                 stop_when: StopWhen | None = None, keys: Sequence[int] | None = None) -> list[Rollout]: ...
+                 stop_when: StopWhen | None = None, keys: Sequence[int] | None = None,
+                 max_tokens: int | None = None) -> list[Rollout]: ...
 
 
 @dataclass
@@ -179,7 +179,7 @@ class RolloutScheduler:
         self.next_id = 0
         self._metrics: dict[str, Any] = {}
         # async mode: the generation thread, its model copy, and what it shares with the trainer (under _cond)
-        self._worker: HfGenerator | None = None
+        self._worker: Any = None  # the generator's replica the thread samples with
         self._thread: threading.Thread | None = None
         self._cond = threading.Condition()
         self._interrupt = threading.Event()  # the trainer wants the thread paused at its next decoding step
@@ -191,44 +191,62 @@ class RolloutScheduler:
         self._run_version = -1  # policy version at the last run
         self._tokens = 0  # sampled by the thread since the last run
         self._sync_s = self._copy_s = 0.0  # the last weight update: trainer blocked / copying
+        self._cap: int | None = None  # async: tokens the thread may sample between two runs (the step budget)
+        self._starved = False  # async: the thread cannot take another decoding step within _cap
 
     # ---------------------------------------------------------------- protocol
 
-    def run(self, needed: list[Request], spare: Sequence[Request] = ()) -> list[Rollout]:
-        """The rollouts of len(needed) complete groups (all of `needed` in "sync" mode)."""
+    def run(self, needed: list[Request], spare: Sequence[Request] = (), max_tokens: int | None = None) -> list[Rollout]:
+        """The rollouts of len(needed) complete groups (all of `needed` in "sync" mode).
+
+        `max_tokens` (the step's token budget left) bounds the tokens sampled for this call; when it
+        binds, fewer groups come back (partial, async: the others stay held; sync: see `complete`).
+        Every request passed is started, and counted in `metrics()["rollouts_started"]`: needed ones
+        always, spares only while the over-provisioning target is not met.
+        """
         if self.cfg.mode == "sync":
-            return self.complete(needed)
+            return self.complete(needed, max_tokens)
         if self.cfg.mode == "async":
-            return self._run_async(needed, spare)
+            return self._run_async(needed, spare, max_tokens)
         version = self.generator.policy_version
         target = len(needed)
         if not target:
-            self._measure(version, [], {}, 0, 0)
+            self._measure(version, [], {}, 0, 0, 0)
             return []
         room = max(0, math.ceil(self.cfg.over_provision * target) - len(self.buffer) - target)
-        self._admit(list(needed) + list(spare[:room]))
+        admitted = list(needed) + list(spare[:room])
+        self._admit(admitted)
         before = {g.id: [len(r) for r in g.rollouts] for g in self.buffer}
         overdue = [g for g in self.buffer if not g.complete and g.age(version) >= self.cfg.max_age]
-        generated = self._generate(overdue, target=None)
+        generated = self._generate(overdue, target=None, max_tokens=max_tokens)
         if sum(g.complete for g in self.buffer) < target:
-            generated += self._generate([g for g in self.buffer if not g.complete], target=target)
+            left = None if max_tokens is None else max_tokens - generated
+            generated += self._generate([g for g in self.buffer if not g.complete], target=target, max_tokens=left)
         ready = sorted((g for g in self.buffer if g.complete), key=lambda g: (g.age(version) < self.cfg.max_age, g.id))
         chosen = ready[:target]
         taken = {g.id for g in chosen}
         self.buffer = [g for g in self.buffer if g.id not in taken]
-        self._measure(version, chosen, before, generated, len(overdue))
+        self._measure(version, chosen, before, generated, len(overdue), sum(r.n for r in admitted))
         return self._texts(chosen)
 
-    def complete(self, requests: list[Request]) -> list[Rollout]:
-        """Generate `requests` to the end, bypassing the buffer (sync mode, later allocator stages)."""
-        rollouts = self.generator.generate(requests)
+    def complete(self, requests: list[Request], max_tokens: int | None = None) -> list[Rollout]:
+        """Generate `requests` to the end, bypassing the buffer (sync mode, later allocator stages).
+
+        A row that `max_tokens` stops before it finishes is left out of the result: its tokens were
+        spent (`tokens_generated`) but it never trains, so no group is scored on a cut answer
+        (`rollouts_cut_by_budget`).
+        """
+        rollouts = self.generator.generate(requests, max_tokens=max_tokens)
         for r in rollouts:
             if r.token_versions is None:
                 r.token_versions = [r.policy_version] * len(r)
         tokens = float(sum(len(r) for r in rollouts))
+        done = [r for r in rollouts if r.finish_reason != "partial"]
         with self._cond:
-            self._metrics = {"tokens_generated": tokens, "partial_rollouts_carried": float(self._open_rollouts())}
-        return rollouts
+            self._metrics = {"tokens_generated": tokens, "partial_rollouts_carried": float(self._open_rollouts()),
+                             "rollouts_started": float(sum(r.n for r in requests)),
+                             "rollouts_cut_by_budget": float(len(rollouts) - len(done))}
+        return done
 
     def metrics(self) -> dict[str, Any]:
         """What the last call did and what the buffer holds (ages in policy versions)."""
@@ -286,10 +304,10 @@ class RolloutScheduler:
             r.text = text
         return rollouts
 
-    def _generate(self, groups: list[_Group], target: int | None) -> int:
+    def _generate(self, groups: list[_Group], target: int | None, max_tokens: int | None = None) -> int:
         """Generate the unfinished rollouts of `groups`; with a target, stop once that many groups are complete."""
         requests, keys, slots = _rows(groups)
-        if not requests:
+        if not requests or (max_tokens is not None and max_tokens <= 0):
             return 0
         stop_when: StopWhen | None = None
         if target is not None and isinstance(self.generator, HfGenerator) and not self._warned_batch:
@@ -309,23 +327,26 @@ class RolloutScheduler:
                 done = np.bincount(row_group, weights=np.array(progress.row_finished), minlength=len(groups))
                 return already + int((done == open_rows).sum()) >= target
 
-        results = self.generator.generate(requests, stop_when=stop_when, keys=keys)
+        results = self.generator.generate(requests, stop_when=stop_when, keys=keys, max_tokens=max_tokens)
         for (gi, i), new in zip(slots, results, strict=True):
             groups[gi].rollouts[i] = _join(groups[gi].rollouts[i], new)
         return sum(len(r) for r in results)
 
     # ---------------------------------------------------------------- async mode
 
-    def _run_async(self, needed: list[Request], spare: Sequence[Request]) -> list[Rollout]:
+    def _run_async(self, needed: list[Request], spare: Sequence[Request], max_tokens: int | None) -> list[Rollout]:
+        with self._cond:
+            self._cap = max_tokens  # what the thread may sample until the next run collects it
         self._start()
         version, target, eta = self.generator.policy_version, len(needed), self.cfg.eta
         if not target:  # nothing needed: nothing enqueued, nothing consumed
-            self._metrics = {"tokens_generated": 0.0}
+            self._metrics = {"tokens_generated": 0.0, "rollouts_started": 0.0}
             return []
         with self._cond:
             self._check()
             unconsumed = len(self.queue) + len(self.buffer) + target
-            self.queue += self._new_groups(list(needed) + list(spare[: max(0, (eta + 1) * target - unconsumed)]))
+            started = list(needed) + list(spare[: max(0, (eta + 1) * target - unconsumed)])
+            self.queue += self._new_groups(started)
             self._batch = target
             chosen = (self.buffer + self.queue)[:target]  # first in, first out: every buffered id < every queued id
             stale = [g for g in chosen if g.age(version) > eta]
@@ -344,18 +365,23 @@ class RolloutScheduler:
             self._cond.notify_all()
             while not all(g.complete for g in chosen):
                 self._check()
+                if self._starved and not self._busy:  # the step's token budget is spent: take what is done
+                    break
                 self._cond.wait()
+            chosen = [g for g in chosen if g.complete]
             self._awaited = set()
             taken = {g.id for g in chosen}
             self.buffer = [g for g in self.buffer if g.id not in taken]
             self._run_version = version
             tokens, self._tokens = self._tokens, 0
+            self._starved = False
             self._cond.notify_all()
             wait = time.perf_counter() - t0
             returned = [version - v for g in chosen for r in g.rollouts for v in (r.token_versions or [])]
             held = [r for g in self.buffer for r in g.rollouts]
             self._metrics = {
                 "tokens_generated": float(tokens),  # sampled by the thread since the last run, finished or not
+                "rollouts_started": float(sum(r.n for r in started)),
                 "tokens_discarded": float(discarded),
                 "wait_s": wait,
                 "staleness_max": float(max(returned, default=0)),
@@ -376,15 +402,10 @@ class RolloutScheduler:
         if self._thread is not None:
             return
         gen = self.generator
-        if not isinstance(gen, HfGenerator):
-            raise TypeError("async mode needs the hf generator")
-        # requires_grad flags kept as the trainer's: CPU matmuls are bitwise those of the training model
-        # (frozen weights can take other kernels); generate runs in inference mode anyway
-        model = copy.deepcopy(gen.model).eval()
-        self._worker = HfGenerator(model, copy.deepcopy(gen.tokenizer), gen.cfg)
-        self._worker.policy_version = gen.policy_version
-        source = gen.model.state_dict()
-        self._pairs = [(t, source[k]) for k, t in model.state_dict().items()]
+        if not hasattr(gen, "replica"):
+            raise TypeError(f"async mode needs a generator that can copy itself for a thread ({type(gen).__name__} "
+                            "cannot); use rollout.backend: hf")
+        self._worker = gen.replica()
         gen.weight_listeners.append(self._load_weights)
         self._error = None
         self._thread = threading.Thread(target=self._loop, args=(torch.get_num_threads(),), name="adarl-rollouts",
@@ -396,10 +417,8 @@ class RolloutScheduler:
         t0 = time.perf_counter()
         with self._paused():
             t1 = time.perf_counter()
-            with torch.no_grad():
-                for dst, src in self._pairs:
-                    dst.copy_(src)
             assert self._worker is not None
+            self._worker.pull_weights()
             self._worker.policy_version = self.generator.policy_version
             self._copy_s = time.perf_counter() - t1
         self._sync_s = time.perf_counter() - t0
@@ -436,10 +455,12 @@ class RolloutScheduler:
         try:
             while True:
                 with self._cond:
-                    while self._stop or self._interrupt.is_set() or not (work := self._admit_and_pick()):
+                    while (self._stop or self._interrupt.is_set() or self._starved
+                           or not (work := self._admit_and_pick())):
                         if self._stop:
                             return
                         self._cond.wait()
+                    allowance = None if self._cap is None else self._cap - self._tokens
                     requests, keys, slots = _rows(work)
                     row_group = [work[gi].id for gi, _ in slots]
                     worker = self._worker
@@ -448,12 +469,17 @@ class RolloutScheduler:
                     self._busy = True
                 results: list[Rollout] | None = None
                 try:
-                    results = worker.generate(requests, stop_when=partial(self._yield, row_group), keys=keys)
+                    results = worker.generate(requests, stop_when=partial(self._yield, row_group), keys=keys,
+                                              max_tokens=allowance)
                 finally:
                     with self._cond:
                         for (gi, i), new in zip(slots, results or [], strict=True):
                             work[gi].rollouts[i] = _join(work[gi].rollouts[i], new)
-                        self._tokens += sum(len(r) for r in results or [])
+                        sampled = sum(len(r) for r in results or [])
+                        self._tokens += sampled
+                        if allowance is not None and results is not None and sampled == 0 and \
+                                all(r.finish_reason == "partial" for r in results):
+                            self._starved = True  # the next step would pass the budget: wait for the next run
                         self._busy = False
                         self._cond.notify_all()
         except BaseException as err:  # raised by the next run
@@ -473,13 +499,14 @@ class RolloutScheduler:
         return sum(r.finish_reason == "partial" for g in self.buffer for r in g.rollouts)
 
     def _measure(self, version: int, chosen: list[_Group], before: dict[int, list[int]], generated: int,
-                 overdue: int) -> None:
+                 overdue: int, started: int) -> None:
         carried = [r for g in self.buffer for r in g.rollouts if r.finish_reason == "partial" and r.token_versions]
         ages = [version - min(r.token_versions or [version]) for r in carried]
         returned = [v for g in chosen for r in g.rollouts for v in (r.token_versions or [])]
         reused = sum(n for g in chosen for n in before.get(g.id, []))
         self._metrics = {
             "tokens_generated": float(generated),
+            "rollouts_started": float(started),
             "tokens_reused": float(reused),  # tokens of the returned groups sampled in earlier calls
             "off_policy_token_fraction": float(np.mean([v < version for v in returned])) if returned else 0.0,
             "token_age_max": float(max((version - v for v in returned), default=0)),

@@ -194,7 +194,7 @@ class VllmGenerator:
 
     def generate(
         self, requests: list[Request], greedy: bool = False, max_new_tokens: int | None = None,
-        stop_when: StopWhen | None = None, keys: Sequence[int] | None = None,
+        stop_when: StopWhen | None = None, keys: Sequence[int] | None = None, max_tokens: int | None = None,
     ) -> list[Rollout]:
         """Rollouts for every request, each request's n rollouts consecutive; as `HfGenerator.generate`."""
         from vllm import SamplingParams
@@ -231,6 +231,10 @@ class VllmGenerator:
         stopped = False
         try:
             while engine.has_unfinished_requests():
+                # a step samples at most one token per unfinished row: stop before it would pass max_tokens
+                if max_tokens is not None and progress.tokens + sum(f is None for f in finish) > max_tokens:
+                    stopped = True
+                    break
                 for out in engine.step():
                     j = ids.get(out.request_id)
                     if j is None:
@@ -238,6 +242,7 @@ class VllmGenerator:
                     completion = out.outputs[0]
                     new = list(completion.token_ids)
                     tokens[j] += new
+                    progress.tokens += len(new)
                     logprobs[j] += [_sampled_logprob(lp, t) for lp, t in zip(completion.logprobs or [], new,
                                                                              strict=True)]
                     if out.finished:

@@ -8,6 +8,7 @@ The trainer composes stages and knows nothing about which method each one is.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import random
@@ -20,12 +21,14 @@ import numpy as np
 import torch
 
 from adarl import registry
+from adarl.allocate.base import expected_lengths
 from adarl.budget import Budget
 from adarl.config import AdaptiveTemperature, Recipe, TrainConfig, dump_recipe, resolve_backend
 from adarl.loss.aggregate import sequence_weights
 from adarl.loss.base import LossInputs
 from adarl.metrics.progress import Progress
 from adarl.metrics.sinks import MetricsWriter, read_jsonl
+from adarl.metrics.step import StepMetrics
 from adarl.models import chat_ids, load_model, load_reference
 from adarl.rewards import Rewards
 from adarl.rollout import build_generator
@@ -149,29 +152,39 @@ class Trainer:
     # ---------------------------------------------------------------- one step
 
     def _spare_requests(self, requests: list[Request]) -> list[Request]:
-        """APRIL over-provisioning: extra prompts the scheduler may start beside the needed ones."""
+        """APRIL over-provisioning: extra prompts the scheduler may start beside the needed ones.
+
+        Each spare gets the count the allocator would plan for it (asked of a copy, so the step's
+        own allocation state is untouched), within what the budget leaves once the needed
+        requests are reserved (their rollouts, and their tokens at the prompts' expected lengths).
+        """
         extra = math.ceil(self.recipe.rollout.scheduler.over_provision * len(requests)) - len(requests)
         if extra <= 0 or not requests:
             return []
-        n = int(np.median([r.n for r in requests]))
-        chosen = self.selector.select(self.store, extra, self.np_rng)
-        return [Request(p.id, self.prompt_ids(p), n) for p in (self.task.train[i] for i in chosen)]
+        chosen = [self.task.train[i] for i in self.selector.select(self.store, extra, self.np_rng)]
+        lengths = expected_lengths([r.prompt_id for r in requests], self.budget, self.store)
+        left = self.budget.reserve(sum(r.n for r in requests), float(np.dot([r.n for r in requests], lengths)))
+        counts = copy.deepcopy(self.allocator).plan(chosen, self.store, left)
+        return [Request(p.id, self.prompt_ids(p), counts[p.id]) for p in chosen if counts.get(p.id, 0) > 0]
 
     def rollout_and_verify(self, counts: dict[str, int], problems: dict[str, Problem],
-                           groups: dict[str, Group], metrics: dict[str, float], first_stage: bool = True) -> None:
+                           groups: dict[str, Group], metrics: StepMetrics, first_stage: bool = True) -> None:
         requests = [Request(pid, self.prompt_ids(problems[pid]), n) for pid, n in counts.items() if n > 0]
         crash_point("generate", self.step + 1)
         t0 = time.perf_counter()
+        tokens_left = self.budget.step_tokens_left()  # a hard cap: generation stops before passing it
         if first_stage and self.rollouts.cfg.mode != "sync":  # partial or async: groups from the scheduler
-            rollouts = self.rollouts.run(requests, self._spare_requests(requests))
+            rollouts = self.rollouts.run(requests, self._spare_requests(requests), max_tokens=tokens_left)
         else:  # later allocator stages top up groups trained this step: generated to the end
-            rollouts = self.rollouts.complete(requests)
-        metrics["generate_s"] = metrics.get("generate_s", 0.0) + time.perf_counter() - t0
+            rollouts = self.rollouts.complete(requests, max_tokens=tokens_left)
+        metrics.add("generate_s", time.perf_counter() - t0)
         scheduled = self.rollouts.metrics()
-        self.budget.spend(rollouts, tokens=int(scheduled["tokens_generated"]))
+        self.budget.spend(int(scheduled["rollouts_started"]), tokens=int(scheduled["tokens_generated"]))
         for key, value in scheduled.items():
-            metrics[f"rollout/{key}"] = metrics.get(f"rollout/{key}", 0.0) + value if key.startswith("tokens") \
-                else value
+            if key.startswith(("tokens", "rollouts")):
+                metrics.add(f"rollout/{key}", value)
+            else:
+                metrics[f"rollout/{key}"] = value
         for r in rollouts:  # partial mode may return groups of prompts admitted in earlier steps
             if r.prompt_id not in problems:
                 problems[r.prompt_id] = self.problems_by_id[r.prompt_id]
@@ -181,10 +194,14 @@ class Trainer:
         fresh = [Group(problems[pid], self.prompt_ids(problems[pid]), rs) for pid, rs in by_prompt.items()]
         crash_point("verify", self.step + 1)
         t0 = time.perf_counter()
+        scored = sum(g.size for g in fresh)
         for key, value in self.rewards.score(fresh).items():
-            metrics[key] = metrics.get(key, 0.0) + value if key.startswith(("reward_", "verify")) else value
+            if key.startswith("reward/"):  # a mean over this stage's rollouts: the step's is over every stage's
+                metrics.mean(key, value, scored)
+            elif key != "verify_s":  # error counts; the time is taken here, around scoring and shaping
+                metrics.add(key, value)
         self.shape(fresh, metrics)
-        metrics["verify_s"] = metrics.get("verify_s", 0.0) + time.perf_counter() - t0
+        metrics.add("verify_s", time.perf_counter() - t0)
         self.store.update(fresh, self.step + 1)
         for g in fresh:
             if g.problem.id in groups:
@@ -194,7 +211,7 @@ class Trainer:
 
     def train_step(self) -> dict[str, float]:
         t_step = time.perf_counter()
-        metrics: dict[str, float] = {}
+        metrics = StepMetrics()
         self.budget.start_step()
         k = self.recipe.budget.prompts_per_step
         chosen = self.selector.select(self.store, self.allocator.candidates(k), self.np_rng)
@@ -212,13 +229,13 @@ class Trainer:
         batch = Batch(self.allocator.finish(generated))
         metrics.update(self._batch_metrics(generated, batch))
         metrics.update({f"allocate/{key}": value for key, value in self.allocator.metrics().items()})
+        self.last_groups = generated
         t0 = time.perf_counter()
         if batch.groups:
             self.learn(batch, metrics)
         else:  # every group was filtered out: nothing to learn from this step
             metrics["effective_token_fraction"] = 0.0
         metrics["train_s"] = time.perf_counter() - t0
-        self.last_groups = generated
         t0 = time.perf_counter()
         self.generator.update_weights()
         metrics["weight_sync_s"] = time.perf_counter() - t0
@@ -240,12 +257,12 @@ class Trainer:
                 "selected/pass_estimate_q75": float(q75),
                 "selected/unseen_fraction": float(np.mean(self.store.last_step[chosen] < 0)) if chosen else 0.0}
 
-    def shape(self, groups: list[Group], metrics: dict[str, Any]) -> None:
+    def shape(self, groups: list[Group], metrics: StepMetrics) -> None:
         """The recipe's reward shapings, in order, on freshly verified groups."""
         for shaping in self.shapings:
             shaping(groups, self.recipe.rollout.max_new_tokens)
             column = np.concatenate([g.rewards[:, g.reward_names.index(shaping.column)] for g in groups])
-            metrics[f"reward/{shaping.column}"] = float(column.mean())
+            metrics.mean(f"reward/{shaping.column}", float(column.mean()), len(column))
             metrics.update({f"shaping/{k}": v for k, v in getattr(shaping, "metrics", dict)().items()})
 
     def learn(self, batch: Batch, metrics: dict[str, Any]) -> None:
@@ -253,7 +270,9 @@ class Trainer:
         batch.advantages = self.estimator(batch)
         self._fit_entropy_stats(batch)
         weights = self.token_weights(batch, metrics)
-        metrics["effective_token_fraction"] = self._effective_tokens(batch, weights) / max(self.budget.step_tokens, 1)
+        # over the same tokens: those of this step's groups (partial mode reuses tokens of earlier steps)
+        generated = sum(len(r) for g in self.last_groups for r in g.rollouts)
+        metrics["effective_token_fraction"] = self._effective_tokens(batch, weights) / max(generated, 1)
         metrics.update(self.update(batch, weights))
 
     def progress(self) -> float:
