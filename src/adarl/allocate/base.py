@@ -9,13 +9,14 @@ by each prompt's expected length (the difficulty store's history).
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Protocol
 
 import numpy as np
 
 from adarl.budget import Budget
 from adarl.select.store import DifficultyStore
-from adarl.types import Group, Problem, PromptId
+from adarl.types import Group, Problem, PromptId, Request
 
 
 class RolloutAllocator(Protocol):
@@ -70,6 +71,21 @@ def expected_lengths(ids: list[PromptId], budget: Budget, store: DifficultyStore
         known = store.mean_length[[store.index[q] for q in ids]]
         length = np.where(np.isnan(known), length, np.maximum(known, 1.0))
     return length
+
+
+def plan_spares(allocator: RolloutAllocator, spares: list[Problem], requests: list[Request], store: DifficultyStore,
+                budget: Budget) -> dict[PromptId, int]:
+    """Counts for over-provisioned spare prompts, started beside `requests` (not generated yet).
+
+    Each spare gets what the allocator would plan for it, asked of a copy (the step's own
+    allocation state is untouched), within what the budget leaves once `requests` are reserved:
+    their rollouts, and their tokens at the prompts' expected lengths.
+    """
+    if not spares:
+        return {}
+    lengths = expected_lengths([r.prompt_id for r in requests], budget, store)
+    left = budget.reserve(sum(r.n for r in requests), float(np.dot([r.n for r in requests], lengths)))
+    return copy.deepcopy(allocator).plan(spares, store, left)
 
 
 def subset(group: Group, keep: list[int]) -> Group:

@@ -8,7 +8,6 @@ The trainer composes stages and knows nothing about which method each one is.
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import random
@@ -21,7 +20,7 @@ import numpy as np
 import torch
 
 from adarl import registry
-from adarl.allocate.base import expected_lengths
+from adarl.allocate.base import plan_spares
 from adarl.budget import Budget
 from adarl.config import AdaptiveTemperature, Recipe, TrainConfig, dump_recipe, resolve_backend
 from adarl.loss.aggregate import sequence_weights
@@ -152,19 +151,13 @@ class Trainer:
     # ---------------------------------------------------------------- one step
 
     def _spare_requests(self, requests: list[Request]) -> list[Request]:
-        """APRIL over-provisioning: extra prompts the scheduler may start beside the needed ones.
-
-        Each spare gets the count the allocator would plan for it (asked of a copy, so the step's
-        own allocation state is untouched), within what the budget leaves once the needed
-        requests are reserved (their rollouts, and their tokens at the prompts' expected lengths).
-        """
+        """APRIL over-provisioning: extra prompts the scheduler may start beside the needed ones,
+        each with the count the allocator would give it, within the budget (`plan_spares`)."""
         extra = math.ceil(self.recipe.rollout.scheduler.over_provision * len(requests)) - len(requests)
         if extra <= 0 or not requests:
             return []
         chosen = [self.task.train[i] for i in self.selector.select(self.store, extra, self.np_rng)]
-        lengths = expected_lengths([r.prompt_id for r in requests], self.budget, self.store)
-        left = self.budget.reserve(sum(r.n for r in requests), float(np.dot([r.n for r in requests], lengths)))
-        counts = copy.deepcopy(self.allocator).plan(chosen, self.store, left)
+        counts = plan_spares(self.allocator, chosen, requests, self.store, self.budget)
         return [Request(p.id, self.prompt_ids(p), counts[p.id]) for p in chosen if counts.get(p.id, 0) > 0]
 
     def rollout_and_verify(self, counts: dict[str, int], problems: dict[str, Problem],

@@ -1,0 +1,175 @@
+"""Per-step budgets hold in every scheduler mode, for every allocator, spares included.
+
+A fake generator samples rows of a length fixed by each row's key (so a paused row continues
+to the same end), one token per open row per decoding step, honouring `max_tokens` and
+`stop_when` as the real backends do. The step loop is the trainer's: plan, generate (spares
+beside the first stage in partial and async modes), verify, `more` until the allocator stops.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from adarl import registry
+from adarl.allocate.base import plan_spares
+from adarl.budget import Budget
+from adarl.config import SchedulerConfig
+from adarl.rollout.hf import Progress, row_keys
+from adarl.rollout.scheduler import RolloutScheduler
+from adarl.select.store import DifficultyStore
+from adarl.types import Group, Problem, Request, Rollout
+
+MAX_NEW = 12
+
+
+class _Tokenizer:
+    def batch_decode(self, seqs, skip_special_tokens=True):
+        return ["x" * len(s) for s in seqs]
+
+
+class FakeGenerator:
+    def __init__(self) -> None:
+        self.policy_version = 0
+        self.tokenizer = _Tokenizer()
+        self.weight_listeners: list = []
+        self.calls = 0
+
+    def new_keys(self, requests):
+        self.calls += 1
+        return [hash((self.calls, i, j)) & 0xFFFFFFFF for i, r in enumerate(requests) for j in range(r.n)]
+
+    def replica(self):
+        return copy.copy(self)
+
+    def pull_weights(self) -> None:
+        pass
+
+    def update_weights(self) -> None:
+        self.policy_version += 1
+        for listener in self.weight_listeners:
+            listener()
+
+    @staticmethod
+    def length(key: int) -> int:
+        return 1 + key % MAX_NEW
+
+    def generate(self, requests, greedy=False, max_new_tokens=None, stop_when=None, keys=None, max_tokens=None):
+        keys, row_request = row_keys(requests, keys, greedy, self.new_keys)
+        start = [len(requests[i].prefix_ids or []) for i in row_request]
+        done = [0] * len(keys)
+        progress = Progress([False] * len(keys), row_request)
+        while not all(progress.row_finished):
+            open_rows = [j for j, f in enumerate(progress.row_finished) if not f]
+            if max_tokens is not None and progress.tokens + len(open_rows) > max_tokens:
+                break
+            for j in open_rows:
+                done[j] += 1
+                progress.tokens += 1
+                if start[j] + done[j] >= self.length(keys[j]):
+                    progress.row_finished[j] = True
+            if stop_when is not None and stop_when(progress):
+                break
+        return [Rollout(requests[i].prompt_id, [1] * done[j], [0.0] * done[j],
+                        "stop" if progress.row_finished[j] else "partial", policy_version=self.policy_version,
+                        token_versions=[self.policy_version] * done[j])
+                for j, i in enumerate(row_request)]
+
+
+ALLOCATORS = [
+    {"name": "fixed", "n": 8}, {"name": "dapo", "n": 4, "max_batches": 3},
+    {"name": "dars", "n": 4, "n_max": 16, "schedule": "hardness"}, {"name": "xrpo", "n": 6, "bonus": "linear"},
+    {"name": "gdro", "n_mean": 6}, {"name": "roc", "n": 4}, {"name": "brorl", "n": 64},
+]
+MODES = [{"mode": "sync"}, {"mode": "partial", "over_provision": 2.0}, {"mode": "async", "eta": 1, "over_provision": 2.0}]
+
+
+def run_steps(spec, mode, k, rollout_limit, token_limit, seed, steps=3):
+    rng = np.random.default_rng(seed)
+    ids = [f"p{i}" for i in range(30)]
+    problems = {q: Problem(q, "x") for q in ids}
+    store = DifficultyStore(ids)
+    allocator = registry.build("allocate", spec)
+    generator = FakeGenerator()
+    scheduler = RolloutScheduler(generator, SchedulerConfig(**mode))
+    budget = Budget(rollouts_per_step=rollout_limit, tokens_per_step=token_limit, expected_length=6)
+    spent = []
+    try:
+        for step in range(steps):
+            budget.start_step()
+            chosen = [problems[q] for q in rng.choice(ids, size=allocator.candidates(k), replace=False)]
+            counts = allocator.plan(chosen, store, budget)
+            groups: dict[str, Group] = {}
+            first = True
+            while counts:
+                requests = [Request(q, [0], n) for q, n in counts.items() if n > 0]
+                if first and mode["mode"] != "sync":
+                    extra = math.ceil(scheduler.cfg.over_provision * len(requests)) - len(requests)
+                    spares = [problems[q] for q in rng.choice(ids, size=extra, replace=False)]
+                    spare_counts = plan_spares(allocator, spares, requests, store, budget)
+                    spare = [Request(q, [0], n) for q, n in spare_counts.items()]
+                    rollouts = scheduler.run(requests, spare, max_tokens=budget.step_tokens_left())
+                else:
+                    rollouts = scheduler.complete(requests, max_tokens=budget.step_tokens_left())
+                first = False
+                m = scheduler.metrics()
+                budget.spend(int(m["rollouts_started"]), tokens=int(m["tokens_generated"]))
+                by_prompt: dict[str, list[Rollout]] = {}
+                for r in rollouts:
+                    assert r.finish_reason != "partial"
+                    by_prompt.setdefault(r.prompt_id, []).append(r)
+                fresh = []
+                for q, rs in by_prompt.items():
+                    c = rng.integers(0, 2, size=len(rs)).astype(float)
+                    fresh.append(Group(problems[q], [0], rs, rewards=c[:, None], reward_names=("r",), correct=c))
+                store.update(fresh, step)
+                for g in fresh:
+                    if g.problem.id in groups:
+                        groups[g.problem.id].extend(g)
+                    else:
+                        groups[g.problem.id] = g
+                counts = allocator.more(list(groups.values()), store, budget)
+            allocator.finish(list(groups.values()))
+            spent.append((budget.step_rollouts, budget.step_tokens))
+            generator.update_weights()
+    finally:
+        scheduler.close()
+    return spent
+
+
+@settings(max_examples=40, deadline=None, database=None)
+@given(spec=st.sampled_from(ALLOCATORS), mode=st.sampled_from(MODES), k=st.integers(1, 6),
+       rollout_limit=st.one_of(st.none(), st.integers(1, 120)),
+       token_limit=st.one_of(st.none(), st.integers(1, 600)), seed=st.integers(0, 10_000))
+def test_step_budgets_hold_in_every_mode(spec, mode, k, rollout_limit, token_limit, seed):
+    for rollouts, tokens in run_steps(spec, mode, k, rollout_limit, token_limit, seed):
+        assert rollout_limit is None or rollouts <= rollout_limit
+        assert token_limit is None or tokens <= token_limit
+
+
+def test_spares_get_the_allocators_count_within_the_budget():
+    # DARS plans n = 4 for every prompt. 3 needed prompts reserve 12 rollouts of the 20 allowed,
+    # so of 4 spares only 8 rollouts fit: largest remainder over equal wants gives 2 each.
+    store = DifficultyStore([f"p{i}" for i in range(10)])
+    dars = registry.build("allocate", {"name": "dars", "n": 4})
+    budget = Budget(rollouts_per_step=20)
+    budget.start_step()
+    requests = [Request(f"p{i}", [0], 4) for i in range(3)]
+    spares = [Problem(f"p{i}", "x") for i in range(3, 7)]
+    assert plan_spares(dars, spares, requests, store, budget) == {"p3": 2, "p4": 2, "p5": 2, "p6": 2}
+    # unlimited: each spare gets the allocator's own n (the old code gave the needed requests' median)
+    assert plan_spares(dars, spares, requests, store, Budget()) == {f"p{i}": 4 for i in range(3, 7)}
+
+
+def test_token_cap_stops_generation_before_passing_it():
+    gen = FakeGenerator()
+    scheduler = RolloutScheduler(gen, SchedulerConfig(mode="sync"))
+    out = scheduler.complete([Request("p", [0], 8)], max_tokens=20)
+    m = scheduler.metrics()
+    assert m["tokens_generated"] <= 20
+    assert m["rollouts_started"] == 8
+    assert len(out) + m["rollouts_cut_by_budget"] == 8  # cut rows are left out, never scored
