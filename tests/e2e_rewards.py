@@ -9,3 +9,11 @@ def fraction_of_a(prompts, completions, **columns):
 def contains_a(prompts, completions, **columns):
     """A 0/1 reward a random tiny model earns now and then: the completion contains an 'a'."""
     return [float("a" in c) for c in completions]
+
+
+def slow_contains_a(prompts, completions, **columns):
+    """`contains_a`, taking 20 ms per completion: verification time dominates a tiny model's step."""
+    import time
+
+    time.sleep(0.02 * len(completions))
+    return contains_a(prompts, completions)
