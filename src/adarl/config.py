@@ -190,7 +190,7 @@ class CheckpointConfig(Section):
 class LogConfig(Section):
     tensorboard: bool = True
     progress: bool = True
-    rollouts_every: int = Field(0, ge=0)  # write sampled rollouts every N steps (0 = never)
+    rollouts_every: int = Field(5, ge=0)  # write every rollout of every N-th step to rollouts.jsonl (0 = never)
 
 
 class Recipe(Section):

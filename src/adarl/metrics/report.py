@@ -475,6 +475,45 @@ def run_summary(run: Run) -> str:
     return _table(["", ""], rows)
 
 
+ROLLOUTS_FILE = "rollouts.jsonl"
+SHOWN_ROLLOUTS = 3  # best and worst of the latest logged step
+SHOWN_CHARS = 600
+
+
+def _rollout_cell(r: dict[str, Any]) -> str:
+    def clip(text: Any) -> str:
+        text = str(text if text is not None else "")
+        return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS] + f" … ({len(text) - SHOWN_CHARS} more chars)"
+
+    adv = r.get("advantage")
+    facts = (f"reward {_fmt(r.get('reward'))} · advantage {'—' if adv is None else _fmt(adv)} · "
+             f"{_fmt(r.get('length'))} tokens · {r.get('finish_reason', '?')}")
+    return (f"<td><p class=note>{html.escape(facts)}</p><p class=note>{html.escape(clip(r.get('prompt')))}</p>"
+            f"<pre>{html.escape(clip(r.get('completion')))}</pre></td>")
+
+
+def rollouts_section(groups: list[Group]) -> str:
+    """The best and the worst rollouts of the latest logged step of each recipe's first run, side by side."""
+    parts = []
+    for g in groups:
+        run = g.runs[0]
+        path = run.dir / ROLLOUTS_FILE
+        rows = [r for r in read_jsonl(path) if isinstance(r.get("step"), int)] if path.is_file() else []
+        if not rows:
+            continue
+        step = max(r["step"] for r in rows)
+        latest = sorted((r for r in rows if r["step"] == step), key=lambda r: -float(r.get("reward") or 0.0))
+        k = min(SHOWN_ROLLOUTS, len(latest) // 2) or 1
+        best, worst = latest[:k], latest[::-1][:k] if len(latest) > 1 else []
+        body = "".join(f"<tr>{_rollout_cell(b)}{_rollout_cell(w) if w else '<td></td>'}</tr>"
+                       for b, w in zip(best, worst + [None] * (len(best) - len(worst)), strict=True))
+        parts.append(f"<p class=note>{html.escape(g.name)} · step {step} · {len(latest)} rollouts "
+                     f"({html.escape(str(path))})</p><table><tr><th>best</th><th>worst</th></tr>{body}</table>")
+    if not parts:
+        return "<p class=note>No rollouts.jsonl in the runs: set log.rollouts_every to write them.</p>"
+    return "".join(parts)
+
+
 def summary_table(path: Path, groups: list[Group], comparison: bool) -> str:
     from adarl.compare import aggregate, summarize_run, summary_rows
 
@@ -516,6 +555,7 @@ th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: left; vertical-al
 th { background: #f4f4f4; } tr.diff td { background: #fff4c2; }
 summary { cursor: pointer; font-size: 13px; margin: 8px 0; color: #444; }
 td { font-variant-numeric: tabular-nums; max-width: 420px; overflow-wrap: anywhere; }
+pre { white-space: pre-wrap; font-size: 12px; margin: 4px; }
 """
 
 
@@ -581,6 +621,8 @@ def render(path: Path) -> str:
                                    lambda err: f"<p class=note>no summary: {html.escape(repr(err))}</p>"),
         "<h2>Learning curves</h2><div class=grid>" + "".join(figures) + "</div>",
         "<h2>Per-prompt difficulty and allocation</h2><div class=grid>" + "".join(heatmaps) + "</div>",
+        "<h2>Sampled rollouts</h2>" + _safe(lambda: rollouts_section(groups),
+                                            lambda err: f"<p class=note>{html.escape(repr(err))}</p>"),
         "<h2>Recipes</h2>" + _safe(lambda: recipes_table(groups),
                                    lambda err: f"<p class=note>{html.escape(repr(err))}</p>"),
     ]

@@ -224,8 +224,10 @@ class Trainer:
         metrics.update({f"allocate/{key}": value for key, value in self.allocator.metrics().items()})
         self.last_groups = generated
         t0 = time.perf_counter()
+        self.last_advantages: dict[int, float] = {}
         if batch.groups:
             self.learn(batch, metrics)
+            self.last_advantages = {id(r): float(a) for r, a in zip(batch.rollouts, batch.advantages, strict=True)}
         else:  # every group was filtered out: nothing to learn from this step
             metrics["effective_token_fraction"] = 0.0
         metrics["train_s"] = time.perf_counter() - t0
@@ -573,10 +575,11 @@ class Trainer:
     def run(self, resume: bool = False) -> dict[str, float]:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         resumed = resume and self.resume()
-        if resumed:
-            self._truncate_prompt_log()
-        else:
-            (self.run_dir / self.PROMPT_LOG).unlink(missing_ok=True)
+        for log in (self.PROMPT_LOG, self.ROLLOUT_LOG):
+            if resumed:
+                self._truncate_log(log)
+            else:
+                (self.run_dir / log).unlink(missing_ok=True)
         # written after a successful resume, whole or not at all (temp file + rename)
         checkpoint.atomic_write_text(self.run_dir / "config.yaml", dump_recipe(self.recipe))
         checkpoint.clean_stale(self.run_dir)  # a final.tmp/final.del of a killed attempt
@@ -609,6 +612,8 @@ class Trainer:
                     crash_point("metrics", self.step)
                     writer.write(row)
                     self._log_prompts()
+                    if self.recipe.log.rollouts_every and self.step % self.recipe.log.rollouts_every == 0:
+                        self._log_rollouts()
                     last.update(row)
                     progress.update(
                         self.step, reward=row.get("reward"), pass_rate=row.get("pass_rate"),
@@ -642,9 +647,26 @@ class Trainer:
                 f.write(json.dumps({"step": self.step, "prompt_id": g.problem.id, "n": g.size,
                                     "correct": int(g.correct.sum()), "lengths": [len(r) for r in g.rollouts]}) + "\n")
 
-    def _truncate_prompt_log(self) -> None:
-        """Drop prompt-log lines of steps after the checkpoint being resumed (atomically)."""
-        path = self.run_dir / self.PROMPT_LOG
+    ROLLOUT_LOG = "rollouts.jsonl"
+
+    def _log_rollouts(self) -> None:
+        """Every rollout of the step, as a user reads it: prompt, completion, rewards, advantage.
+
+        The advantage is null for rollouts the allocator did not keep for the update."""
+        with open(self.run_dir / self.ROLLOUT_LOG, "a", encoding="utf-8") as f:
+            for g in self.last_groups:
+                prompt = g.problem.messages[-1]["content"]
+                for i, r in enumerate(g.rollouts):
+                    f.write(json.dumps({
+                        "step": self.step, "prompt_id": g.problem.id, "prompt": prompt, "completion": r.text,
+                        "rewards": dict(zip(g.reward_names, map(float, g.rewards[i]), strict=True)),
+                        "reward": float(g.reward[i]), "correct": bool(g.correct[i]),
+                        "advantage": self.last_advantages.get(id(r)), "length": len(r),
+                        "finish_reason": r.finish_reason}) + "\n")
+
+    def _truncate_log(self, name: str) -> None:
+        """Drop log lines of steps after the checkpoint being resumed (atomically)."""
+        path = self.run_dir / name
         if not path.exists():
             return
         kept = [row for row in read_jsonl(path) if isinstance(row.get("step"), int) and row["step"] <= self.step]
