@@ -85,7 +85,8 @@ ALLOCATORS = [
     {"name": "dars", "n": 4, "n_max": 16, "schedule": "hardness"}, {"name": "xrpo", "n": 6, "bonus": "linear"},
     {"name": "gdro", "n_mean": 6}, {"name": "roc", "n": 4}, {"name": "brorl", "n": 64},
 ]
-MODES = [{"mode": "sync"}, {"mode": "partial", "over_provision": 2.0}, {"mode": "async", "eta": 1, "over_provision": 2.0}]
+MODES = [{"mode": "sync"}, {"mode": "partial", "over_provision": 2.0},
+         {"mode": "async", "eta": 1, "over_provision": 2.0}]
 
 
 def run_steps(spec, mode, k, rollout_limit, token_limit, seed, steps=3):

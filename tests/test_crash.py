@@ -190,7 +190,8 @@ def test_sigkill_at_random_points_then_resume_is_exact(tiny_model_dir, tmp_path)
 
     # the uninterrupted run keeps every checkpoint, to compare each of the killed run's with
     straight = tmp_path / "straight"
-    done = cli([str(recipe), "--run-dir", str(straight), f"checkpoint.keep={STEPS}"])
+    done = cli([str(recipe), "--run-dir", str(straight), f"checkpoint.keep={STEPS}",
+                f"checkpoint.keep_final={STEPS}"])
     assert done.returncode == 0, done.stdout
     assert len(checkpoint.list_checkpoints(straight / "checkpoints")) == STEPS
 

@@ -20,7 +20,8 @@ def test_rollouts_logged_every_k_steps_and_shown_in_the_report(tiny_model_dir, t
 
     def recipe(steps):
         return load_recipe(data=recipe_data(
-            tiny_model_dir, task, budget={"max_steps": steps, "prompts_per_step": 2}, allocate={"name": "fixed", "n": 3},
+            tiny_model_dir, task, budget={"max_steps": steps, "prompts_per_step": 2},
+            allocate={"name": "fixed", "n": 3},
             rewards=[{"type": "callable", "function": "e2e_rewards:contains_a"}],
             log={"tensorboard": False, "progress": False, "rollouts_every": 2}, checkpoint={"every": 2}))
 

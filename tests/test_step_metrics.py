@@ -13,7 +13,6 @@ from adarl.config import load_recipe
 from adarl.train.trainer import Trainer
 from test_train import recipe_data, write_task
 
-
 MODES = {
     # two stages a step
     "dars": {"allocate": {"name": "dars", "n": 4, "n_max": 8, "schedule": "equal"}},

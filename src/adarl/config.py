@@ -184,7 +184,8 @@ class EvalConfig(Section):
 
 class CheckpointConfig(Section):
     every: int = Field(10, ge=0)  # steps; 0 = only at the end
-    keep: int = Field(2, gt=0)
+    keep: int = Field(2, gt=0)  # checkpoints kept while the run goes (a crash mid-save leaves the one before)
+    keep_final: int = Field(1, ge=0)  # kept once final/ is written (1: the run can still be resumed and extended)
 
 
 class LogConfig(Section):

@@ -185,9 +185,15 @@ def save(root: Path, step: int, model: torch.nn.Module, optimizer_state: dict, s
     os.replace(tmp, final)
     _fsync_dir(root)
     crash_point("checkpoint:renamed", step)
-    for old in list_checkpoints(root)[:-keep]:
-        _remove(old, "checkpoint:prune", step)
+    prune(root, keep, step)
     return final
+
+
+def prune(root: Path, keep: int, step: int = -1) -> None:
+    """Remove all but the newest `keep` complete checkpoints (keep 0: all of them)."""
+    checkpoints = list_checkpoints(root)
+    for old in checkpoints[: max(0, len(checkpoints) - keep)]:
+        _remove(old, "checkpoint:prune", step)
 
 
 def is_complete(path: Path) -> bool:

@@ -686,3 +686,5 @@ class Trainer:
         """`final/`: a Hugging Face folder, written under `final.tmp/` and renamed when complete."""
         crash_point("final", self.step)
         checkpoint.save_model(self.run_dir / "final", self.model, self.tokenizer, phase="final", step=self.step)
+        # a 135M model's checkpoint is ~1.6 GB with its optimizer state: keep only what a resume needs
+        checkpoint.prune(self.run_dir / "checkpoints", self.recipe.checkpoint.keep_final, self.step)
