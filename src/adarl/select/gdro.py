@@ -64,14 +64,21 @@ class PromptGdro:
         counts = rng.multinomial(k, self.weights)
         chosen: list[np.ndarray] = []
         spill = 0
-        for g in np.argsort(-self.weights):  # heaviest bins first; empty bins pass their draws on
+        order = np.argsort(-self.weights)
+        left: list[np.ndarray] = []
+        for g in order:  # heaviest bins first; bins with too few prompts pass their draws on
             members = np.flatnonzero(bin_of == g)
             want = counts[g] + spill
             take = min(want, len(members))
             spill = want - take
-            if take:
-                chosen.append(rng.choice(members, size=take, replace=False))
-        picked = np.concatenate(chosen) if chosen else np.zeros(0, dtype=np.int64)
+            members = rng.permutation(members)
+            chosen.append(members[:take])
+            left.append(members[take:])
+        for rest in left:  # draws still unplaced (the lighter bins were short too): heaviest bins' leftovers
+            take = min(spill, len(rest))
+            chosen.append(rest[:take])
+            spill -= take
+        picked = np.concatenate(chosen).astype(np.int64) if chosen else np.zeros(0, dtype=np.int64)
         self._last_bins = bin_of[picked].copy()
         return picked.tolist()
 

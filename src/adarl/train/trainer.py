@@ -507,12 +507,19 @@ class Trainer:
 
     # ---------------------------------------------------------------- state
 
+    def components(self) -> dict[str, Any]:
+        """Every stage object of the recipe, by a stable name: what keeps state is checkpointed."""
+        out = {"selector": self.selector, "allocator": self.allocator, "estimator": self.estimator,
+               "loss": self.loss_fn}
+        out.update({f"shaping.{i}": c for i, c in enumerate(self.shapings)})
+        out.update({f"tokens.{i}": c for i, c in enumerate(self.token_weightings)})
+        return out
+
     def state_dict(self) -> dict[str, Any]:
         return {
             "step": self.step,
             "budget": self.budget.state_dict(),
-            "selector": self.selector.state_dict(),
-            "allocator": self.allocator.state_dict(),
+            "components": {name: c.state_dict() for name, c in self.components().items() if hasattr(c, "state_dict")},
             "generator": self.generator.state_dict(),
             "rollout_scheduler": self.rollouts.state_dict(),
             "scheduler": self.scheduler.state_dict(),
@@ -528,8 +535,11 @@ class Trainer:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step = state["step"]
         self.budget.load_state_dict(state["budget"])
-        self.selector.load_state_dict(state["selector"])
-        self.allocator.load_state_dict(state["allocator"])
+        # checkpoints written before "components" held the selector's and the allocator's state only
+        saved = state.get("components") or {"selector": state["selector"], "allocator": state["allocator"]}
+        for name, component in self.components().items():
+            if name in saved and hasattr(component, "load_state_dict"):
+                component.load_state_dict(saved[name])
         self.generator.load_state_dict(state["generator"])
         if "rollout_scheduler" in state:
             self.rollouts.load_state_dict(state["rollout_scheduler"])
