@@ -17,3 +17,8 @@ def slow_contains_a(prompts, completions, **columns):
 
     time.sleep(0.02 * len(completions))
     return contains_a(prompts, completions)
+
+
+def length_score(prompts, completions, **columns):
+    """A dense reward that differs between almost any two completions: the completion's length."""
+    return [len(c) / 10.0 for c in completions]

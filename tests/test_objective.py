@@ -119,21 +119,6 @@ def test_aggregation_modes(agg, expected):
     assert aggregate(L, M, agg, max_len=8).item() == pytest.approx(expected)
 
 
-@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])
-def test_aggregation_splits_into_micro_batches(agg):
-    """Σ_micro Σ_i w_i Σ_t m L equals the whole mini-batch loss, however it is split."""
-    gen = torch.Generator().manual_seed(0)
-    lengths = [3, 7, 1, 5, 5, 2]
-    loss = torch.rand(6, 7, generator=gen)
-    mask = torch.zeros(6, 7)
-    for i, n in enumerate(lengths):
-        mask[i, :n] = 1
-    whole = aggregate(loss, mask, agg, max_len=7)
-    w = torch.tensor(sequence_weights(np.array(lengths), agg, max_len=7), dtype=torch.float32)
-    parts = sum((loss[idx] * mask[idx] * w[idx, None]).sum() for idx in ([0, 4], [1], [2, 3, 5]))
-    torch.testing.assert_close(parts, whole)
-
-
 def test_positive_advantage_raises_probability():
     """One gradient step on the PPO loss moves a token's probability the way its advantage says."""
     for sign in (1.0, -1.0):

@@ -392,6 +392,11 @@ class Trainer:
                 w_all = sequence_weights(np.array([kept[i] for i in mb_all]), self.loss_fn.agg, max_len)
                 weight = dict(zip(mb_all, w_all, strict=True))
                 todo = [i for i in mb_all if i in active_set]
+                if getattr(self.loss_fn, "needs_prepare", False):  # e.g. BAPO's bounds, once per mini-batch
+                    with torch.no_grad():
+                        self.loss_fn.prepare([self._loss_inputs(micro, rows, adv, weights, old_logp, on_policy,
+                                                                kl_on, rollouts, grad=False)[0]
+                                              for micro in self._micro_batches(todo, lengths)])
                 for micro in self._micro_batches(todo, lengths):
                     self._micro_step(micro, rows, adv, weights, weight, old_logp, on_policy, kl_on, sums, rollouts)
                 grad_norms.append(self._optimizer_step())
@@ -413,9 +418,11 @@ class Trainer:
             out[j, : len(v)] = torch.as_tensor(np.asarray(v, dtype=np.float32))
         return out
 
-    def _micro_step(self, micro, rows, adv, token_w, weight, old_logp, on_policy, kl_on, sums, rollouts) -> None:
-        entropy_grad = self.loss_fn.entropy_coef > 0
-        packed, logp, ent = self._forward([rows[i] for i in micro], grad=True, entropy_grad=entropy_grad)
+    def _loss_inputs(self, micro, rows, adv, token_w, old_logp, on_policy, kl_on, rollouts,
+                     grad: bool = True) -> tuple[LossInputs, torch.Tensor]:
+        """The loss's inputs for rollouts `micro` at the current parameters, and the live entropies."""
+        entropy_grad = grad and self.loss_fn.entropy_coef > 0
+        packed, logp, ent = self._forward([rows[i] for i in micro], grad=grad, entropy_grad=entropy_grad)
         tw = self._padded([token_w[i] for i in micro], logp)
         mask = packed.completion_mask.float() * (tw > 0).float()
         old = logp.detach() if on_policy else self._padded([old_logp[i] for i in micro], logp)
@@ -428,7 +435,11 @@ class Trainer:
         if self.loss_fn.needs_entropy:
             x.entropy = self._padded([rollouts[i].entropies for i in micro], logp)
             x.entropy_norm = self.entropy_stats.normalise(x.entropy)
-        ent = ent.detach()
+        return x, ent.detach()
+
+    def _micro_step(self, micro, rows, adv, token_w, weight, old_logp, on_policy, kl_on, sums, rollouts) -> None:
+        x, ent = self._loss_inputs(micro, rows, adv, token_w, old_logp, on_policy, kl_on, rollouts)
+        logp, mask = x.logp, x.mask
         w = torch.tensor([weight[i] for i in micro], dtype=torch.float32)[:, None]
         per_token, stats = self.loss_fn(x)
         loss = (per_token * mask * w).sum()
