@@ -6,7 +6,7 @@ import torch
 
 from adarl import registry
 from adarl.advantage.grpo import DrGrpo, Grpo
-from adarl.loss.aggregate import aggregate, sequence_weights
+from adarl.loss.aggregate import aggregate
 from adarl.loss.base import LossInputs
 from adarl.loss.kl import k3
 from adarl.loss.ppo import PpoClip
