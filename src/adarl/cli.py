@@ -85,6 +85,9 @@ def train(
     keys = [k for k in ("step", "tokens", "reward", "pass_rate", "eval/pass@1") if k in last]
     typer.echo("done: " + ", ".join(f"{k}={last[k]:.4g}" if isinstance(last[k], float) else f"{k}={last[k]}"
                                    for k in keys) + f"  (run directory: {target})")
+    report = Path(target) / "report.html"
+    if report.is_file():
+        typer.echo(f"report: {report}")
 
 
 @app.command()
