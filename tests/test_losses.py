@@ -145,7 +145,8 @@ BAPO_X = ([[math.log(2.0), 0.0, math.log(0.5), math.log(5.0)]], [[1.0, -1.0, -0.
 
 
 @pytest.mark.parametrize(("x", "stat", "target", "c_low", "c_high", "share"), [
-    # a clipped token contributes 0 (loss/bapo.py). Tokens (ρ, A): (2, +1), (1, −1), (0.5, −0.5); the 4th is padding.
+    # with contribution: gradient a clipped token contributes 0 (loss/bapo.py).
+    # Tokens (ρ, A): (2, +1), (1, −1), (0.5, −0.5); the 4th is padding.
     # start (0.8, 1.2): (2, +1) is clipped above → P = 0; (1, −1) counts → N = 1; (0.5, −0.5) clipped below.
     #   share 0 < 0.5. c_low 0.85 … 0.95 never clips ρ = 1: N stays 1, c_low ends at its max 0.95.
     #   c_high 1.3 … 1.9 still clip ρ = 2; at 2.0 it counts: P = 2, share 2/3 ≥ 0.5: stop.
@@ -158,7 +159,7 @@ BAPO_X = ([[math.log(2.0), 0.0, math.log(0.5), math.log(5.0)]], [[1.0, -1.0, -0.
     (([[0.0, math.log(0.82)]], [[1.0, -2.0]], [[1.0, 1.0]]), "share", 0.5, 0.85, 1.2, 1.0),
 ])
 def test_bapo_bound_search(x: tuple, stat: str, target: float, c_low: float, c_high: float, share: float) -> None:
-    loss_fn = Bapo(stat=stat, target=target)  # type: ignore[arg-type]
+    loss_fn = Bapo(stat=stat, target=target, contribution="gradient")  # type: ignore[arg-type]
     loss, _, stats = loss_and_grad(loss_fn, inputs(*x))
     assert stats["bapo_c_low"][0, 0].item() == pytest.approx(c_low)
     assert stats["bapo_c_high"][0, 0].item() == pytest.approx(c_high)
@@ -176,7 +177,7 @@ def test_bapo_ratio_below_c_low_with_negative_advantage_has_no_gradient() -> Non
     # one token, ρ = e^{−0.5} = 0.6065, A = −1: clipped below c_low 0.8, so it counts 0 and N = 0:
     # share 1, the bounds stay at their starts (0.8, 1.2).
     # ρ < 0.8: L = −min(−0.6065, −0.8) = 0.8 (below the dual clip 3), constant in ℓ_θ
-    loss, grad, stats = loss_and_grad(Bapo(), inputs([[-0.5]], [[-1.0]]))
+    loss, grad, stats = loss_and_grad(Bapo(contribution="gradient"), inputs([[-0.5]], [[-1.0]]))
     assert (stats["bapo_c_low"].item(), stats["bapo_c_high"].item()) == pytest.approx((0.8, 1.2))
     assert loss.item() == pytest.approx(0.8)
     assert grad.item() == 0.0

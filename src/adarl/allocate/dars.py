@@ -9,7 +9,8 @@ so that its summed absolute advantage reaches a target:
     equal treatment (ET):      Δn = (A_peak − A_cur)/S(a)
     hardness weighted (HW):    Δn = (2(1−a)·A_peak − A_cur)/S(a)
     Δn = min(ceil(Δn), N_max − N)
-`finish` keeps groups with 0 < a < upper (the merged group's accuracy).
+N is the size stage 1 actually reached for the prompt (`n` unless the budget trimmed it) and a
+the accuracy over those rollouts. `finish` keeps groups with 0 < a < upper (the merged group's accuracy).
 Pair with `advantage: drgrpo` (DARS assumes no std division) unless use_std is on.
 """
 
@@ -61,8 +62,9 @@ class Dars(Stateless):
         if self._stage != 1:
             return {}
         self._stage = 2
-        want = {g.problem.id: extra_rollouts(accuracy(g), self.n, self.n_max, self.schedule, self.use_std)
-                for g in groups}
+        # N is the group's actual size: the budget may have trimmed stage 1, or partial rollouts cut it
+        want = {g.problem.id: extra_rollouts(accuracy(g), g.size, self.n_max, self.schedule, self.use_std)
+                for g in groups if g.size > 0}
         granted = fit(want, budget, store)
         self._stats = {"stage2_rollouts": sum(granted.values()),
                        "stage2_prompts": sum(1 for v in granted.values() if v > 0)}

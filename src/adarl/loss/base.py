@@ -50,6 +50,15 @@ class PolicyLoss:
     # what the trainer must supply in LossInputs
     needs_entropy: ClassVar[bool] = False  # entropy and entropy_norm
     needs_behaviour: ClassVar[bool] = False  # beh_logp
+    needs_prepare: ClassVar[bool] = False  # the trainer calls `prepare` once per mini-batch
+
+    def prepare(self, parts: list[LossInputs]) -> None:
+        """Called once per mini-batch before its micro-batches, with every micro-batch's inputs
+        (logp detached, at the current parameters).
+
+        A loss whose statistics span the mini-batch (BAPO's clip bounds) computes them here, so
+        they do not depend on how the trainer splits the mini-batch. The default does nothing.
+        """
 
     def surrogate(self, x: LossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The method's own (B, T) per-token loss and per-token statistics (averaged over `mask`)."""
