@@ -51,6 +51,8 @@ def train(
                 _fail("missing recipe: adarl train RECIPE.yaml [key=value ...]")
             loaded = load_recipe(recipe, overrides or [])
             target = run_dir or Path("runs") / loaded.name
+            if target.exists() and not target.is_dir():
+                _fail(f"--run-dir {target}: a file is there, not a directory")
             from adarl.train.checkpoint import list_checkpoints
 
             if list_checkpoints(target / "checkpoints"):  # complete ones only: a torn *.tmp is no run
@@ -162,20 +164,22 @@ def eval_(
                        "the default short_answer reward); repeat for several tasks. Default: the run's own "
                        "task")] = None,
     k: Annotated[str, typer.Option("--k", help="k values for pass@k and avg@k, comma-separated")] = "1,4,16",
-    n: Annotated[int | None, typer.Option("--n", min=0, help="sampled completions per problem "
+    n: Annotated[int | None, typer.Option("--n", min=0, max=100_000, help="sampled completions per problem "
                                                               "(default: the largest k; 0: greedy only)")] = None,
     size: Annotated[int | None, typer.Option("--size", min=1, help="evaluate only the first SIZE held-out "
                                                                    "problems of each task (default: all)")] = None,
     out: Annotated[Path | None, typer.Option(
         "--out", help="JSON file to write (default for a run: RUN/eval.json; for a checkpoint: "
                       "RUN/eval_step_N.json; for a bare model: none)")] = None,
-    seed: Annotated[int, typer.Option("--seed", help="sampling seed")] = 0,
-    task_seed: Annotated[int | None, typer.Option("--task-seed", help="seed of the task's train/held-out split "
-                                                                      "(default: the recipe's seed, else 0)")] = None,
-    temperature: Annotated[float | None, typer.Option("--temperature", help="default: the run's or recipe's "
-                                                                            "rollout.temperature")] = None,
-    max_new_tokens: Annotated[int | None, typer.Option("--max-new-tokens", min=1)] = None,
-    threads: Annotated[int | None, typer.Option("--threads", min=1, help="torch threads")] = None,
+    seed: Annotated[int, typer.Option("--seed", min=0, max=2**63 - 1, help="sampling seed")] = 0,
+    task_seed: Annotated[int | None, typer.Option("--task-seed", min=0, max=2**63 - 1,
+                                                  help="seed of the task's train/held-out split "
+                                                       "(default: the recipe's seed, else 0)")] = None,
+    temperature: Annotated[float | None, typer.Option("--temperature", min=0.0, max=100.0,
+                                                      help="default: the run's or recipe's "
+                                                           "rollout.temperature")] = None,
+    max_new_tokens: Annotated[int | None, typer.Option("--max-new-tokens", min=1, max=1_000_000)] = None,
+    threads: Annotated[int | None, typer.Option("--threads", min=1, max=1024, help="torch threads")] = None,
     backend: Annotated[str | None, typer.Option(
         "--backend", help="generation backend: hf, vllm or auto (vllm when installed). Default: the run's or "
                           "recipe's rollout.backend")] = None,
@@ -217,15 +221,16 @@ def eval_(
 @app.command(help=COMPARE_HELP)
 def compare(
     recipes: Annotated[list[Path], typer.Argument(help="recipe YAML files; the first is the baseline")],
-    budget_tokens: Annotated[int, typer.Option("--budget-tokens", min=1,
+    budget_tokens: Annotated[int, typer.Option("--budget-tokens", min=1, max=10**15,
                                                help="generated tokens each run may spend (budget.max_tokens)")],
-    seeds: Annotated[int, typer.Option("--seeds", min=1, help="runs per recipe, with seed=0..SEEDS-1")] = 3,
+    seeds: Annotated[int, typer.Option("--seeds", min=1, max=1000, help="runs per recipe, with seed=0..SEEDS-1")] = 3,
     out: Annotated[Path | None, typer.Option("--out", help="comparison directory "
                                                             "(default: runs/compare-<recipe names>)")] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="dotted.key=value override for every recipe, "
                                                                  "e.g. --set eval.every=2 (repeatable)")] = None,
-    target: Annotated[float | None, typer.Option("--target", help="pass@1 for 'tokens to reach target' (default: "
-                                                                  "the baseline's final mean pass@1)")] = None,
+    target: Annotated[float | None, typer.Option("--target", min=0.0, max=1.0,
+                                                 help="pass@1 for 'tokens to reach target' (default: "
+                                                      "the baseline's final mean pass@1)")] = None,
     ray_address: Annotated[str | None, typer.Option(
         "--ray", help="run the runs as Ray tasks on the cluster at this address (e.g. auto); needs the ray "
                       "package and a shared filesystem")] = None,

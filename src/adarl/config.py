@@ -10,17 +10,47 @@ from __future__ import annotations
 
 import difflib
 import importlib.util
+import re
+import reprlib
+import types
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from adarl import registry
 
+MAX_RECIPE_VALUES = 100_000  # values in a recipe once YAML aliases are expanded
+MAX_RECIPE_DEPTH = 64  # nesting of sections and lists
+MAX_SECONDS = 86_400.0  # any timeout: a day
+
+
+def _is_count(annotation: Any) -> bool:
+    """An int field (or int | None): a YAML boolean there is a mistake, though Python's bool is an int."""
+    if annotation is int:
+        return True
+    return typing.get_origin(annotation) in (typing.Union, types.UnionType) and int in typing.get_args(annotation)
+
+
+def bool_counts(fields: dict[str, Any], data: Any) -> list[str]:
+    """Keys of `data` that hold a boolean where `fields` (name -> annotation) expects an integer."""
+    if not isinstance(data, dict):
+        return []
+    return [k for k, v in data.items() if isinstance(v, bool) and k in fields and _is_count(fields[k])]
+
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_boolean_counts(cls, data: Any) -> Any:
+        bad = bool_counts({k: f.annotation for k, f in cls.model_fields.items()}, data)
+        if bad:
+            raise ValueError(f"'{bad[0]}' is a count: expected an integer, got the boolean {data[bad[0]]}")
+        return data
 
 
 class LoraConfig(Section):
@@ -34,7 +64,7 @@ class ModelConfig(Section):
     path: str = "smollm2-135m"  # alias, local HF folder, or .gguf file
     dtype: Literal["float32", "bfloat16"] = "float32"
     lora: LoraConfig | None = None
-    threads: int | None = Field(None, gt=0)  # torch.set_num_threads; None = torch's default
+    threads: int | None = Field(None, gt=0, le=1024)  # torch.set_num_threads; None = torch's default
 
 
 class TaskConfig(Section):
@@ -42,7 +72,7 @@ class TaskConfig(Section):
     # reasoning_gym
     name: str | None = None  # generator name, e.g. basic_arithmetic
     params: dict[str, Any] = {}
-    size: int = Field(2000, gt=0)  # training items generated (before de-duplication)
+    size: int = Field(2000, gt=0, le=10_000_000)  # training items generated (before de-duplication)
     # jsonl
     path: str | None = None
     eval_path: str | None = None  # optional separate eval file; otherwise a held-out split
@@ -50,7 +80,7 @@ class TaskConfig(Section):
     skip_bad_lines: bool = False  # skip (and count) malformed lines instead of stopping
     max_bad_fraction: float = Field(0.1, ge=0.0, le=1.0)  # more bad lines than this is an error
     # both
-    eval_size: int = Field(100, ge=0)
+    eval_size: int = Field(100, ge=0, le=10_000_000)
     system_prompt: str | None = None
     prompt_template: str = "{prompt}"  # {prompt} is the item's question text
     seed: int | None = None  # defaults to the recipe's seed
@@ -83,8 +113,8 @@ class RewardConfig(Section):
     # callable: "package.module:function", TRL signature f(prompts, completions, **columns) -> list[float]
     function: str | None = None
     # code: the program runs in the sandbox (adarl.rewards.sandbox) with these limits
-    sandbox_timeout_s: float = Field(5.0, gt=0)  # wall clock (and CPU) seconds per program
-    sandbox_memory_mb: int = Field(512, ge=64)  # address space per process
+    sandbox_timeout_s: float = Field(5.0, gt=0, le=3600)  # wall clock (and CPU) seconds per program
+    sandbox_memory_mb: int = Field(512, ge=64, le=1 << 20)  # address space per process
 
     @model_validator(mode="after")
     def _check(self) -> RewardConfig:
@@ -126,11 +156,18 @@ class RolloutConfig(Section):
     # auto: vllm when it is installed and the recipe needs nothing only hf has, else hf;
     # resolved when the recipe loads, so config.yaml (and a resume) names the one used
     backend: Literal["auto", "hf", "vllm"] = "auto"
-    temperature: float = Field(1.0, gt=0.0)
+    temperature: float = Field(1.0, gt=0.0, le=100.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    max_new_tokens: int = Field(128, gt=0)
+    max_new_tokens: int = Field(128, gt=0, le=1_000_000)
     stop: list[str] = []
-    max_batch: int = Field(64, gt=0)  # rows decoded at once
+    max_batch: int = Field(64, gt=0, le=1_000_000)  # rows decoded at once
+
+    @field_validator("stop")
+    @classmethod
+    def _non_empty_stops(cls, stop: list[str]) -> list[str]:
+        if any(s == "" for s in stop):
+            raise ValueError("an empty stop string would end every completion after its first token")
+        return stop
     adaptive_temperature: AdaptiveTemperature | None = None  # HAPO; None = fixed temperature
     scheduler: SchedulerConfig = SchedulerConfig()  # sync, or APRIL partial rollouts
     vllm: VllmConfig = VllmConfig()  # used when backend is vllm
@@ -162,23 +199,30 @@ class BudgetConfig(Section):
 
 
 class TrainConfig(Section):
-    lr: float = Field(1e-6, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    betas: tuple[float, float] = (0.9, 0.999)
-    max_grad_norm: float | None = 1.0
+    lr: float = Field(1e-6, gt=0, le=10.0)
+    weight_decay: float = Field(0.0, ge=0, le=10.0)
+    betas: tuple[float, float] = (0.9, 0.999)  # Adam's β1, β2, each in [0, 1)
+    max_grad_norm: float | None = Field(1.0, gt=0)  # a negative norm would flip every gradient
     warmup_steps: int = Field(0, ge=0)
-    mini_batches: int = Field(1, gt=0)  # optimizer steps per generation step
-    epochs: int = Field(1, gt=0)
+    mini_batches: int = Field(1, gt=0, le=100_000)  # optimizer steps per generation step
+    epochs: int = Field(1, gt=0, le=1000)
     micro_batch_tokens: int = Field(4096, gt=0)  # padded tokens per forward/backward
     logit_chunk: int = Field(512, gt=0)  # tokens whose vocabulary logits exist at once
+
+    @field_validator("betas")
+    @classmethod
+    def _betas_in_range(cls, betas: tuple[float, float]) -> tuple[float, float]:
+        if not all(0.0 <= b < 1.0 for b in betas):
+            raise ValueError(f"Adam's betas must each be in [0, 1), got {list(betas)}")
+        return betas
     gradient_checkpointing: bool = False
 
 
 class EvalConfig(Section):
     every: int = Field(10, ge=0)  # steps; 0 = only before and after training
-    size: int | None = None  # held-out problems evaluated (default: all of task.eval_size)
-    samples: int = Field(0, ge=0)  # sampled completions per problem for mean@k (0 = greedy only)
-    max_new_tokens: int | None = None
+    size: int | None = Field(None, gt=0)  # held-out problems evaluated (default: all of task.eval_size)
+    samples: int = Field(0, ge=0, le=100_000)  # sampled completions per problem for mean@k (0 = greedy only)
+    max_new_tokens: int | None = Field(None, gt=0, le=1_000_000)
     at_start: bool = True
 
 
@@ -194,15 +238,18 @@ class LogConfig(Section):
     rollouts_every: int = Field(5, ge=0)  # write every rollout of every N-th step to rollouts.jsonl (0 = never)
 
 
+RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+
 class Recipe(Section):
-    name: str = "run"
-    seed: int = 0
+    name: str = "run"  # the run directory's name under runs/ (letters, digits, . _ -)
+    seed: int = Field(0, ge=0, lt=2**63)
     deterministic: bool = False
     model: ModelConfig = ModelConfig()
     task: TaskConfig
     rewards: list[RewardConfig] = [RewardConfig(type="short_answer")]
-    reward_workers: int = Field(2, gt=0)
-    reward_timeout_s: float = Field(10.0, gt=0)
+    reward_workers: int = Field(2, gt=0, le=1024)
+    reward_timeout_s: float = Field(10.0, gt=0, le=MAX_SECONDS)
     rollout: RolloutConfig = RolloutConfig()
     budget: BudgetConfig = BudgetConfig()
     select: dict[str, Any] = {"name": "uniform"}
@@ -215,6 +262,14 @@ class Recipe(Section):
     eval: EvalConfig = EvalConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     log: LogConfig = LogConfig()
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_a_folder_name(cls, name: str) -> str:
+        if not RUN_NAME.fullmatch(name) or name in (".", ".."):
+            raise ValueError(f"{reprlib.repr(name)} cannot name a run folder: use 1-100 letters, digits, '.', '_' "
+                             "or '-', starting with a letter or digit (it becomes runs/<name>)")
+        return name
 
     @model_validator(mode="after")
     def _check(self) -> Recipe:
@@ -270,8 +325,68 @@ def _format(err: ValidationError, prefix: tuple[Any, ...] = (), valid: list[str]
             msg = str(e["msg"]).removeprefix("Value error, ")
             lines.append(msg if not e["loc"] else f"'{dotted}': {msg}")
         else:
-            lines.append(f"'{dotted}': {e['msg']} (got {e.get('input')!r})")
+            lines.append(f"'{dotted}': {e['msg']} (got {_short(e.get('input'))})")
     return lines
+
+
+_SHORT = reprlib.Repr()  # (keyword arguments only from Python 3.12)
+_SHORT.maxstring, _SHORT.maxother, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxlevel = 60, 60, 4, 4, 2
+
+
+def _short(value: Any) -> str:
+    """A bounded repr for messages: an aliased or huge value is never printed whole."""
+    return _SHORT.repr(value)
+
+
+def _clip(text: str, limit: int = 80) -> str:
+    """Text for a message, cut to `limit` characters."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _check_size(data: Any, where: str) -> None:
+    """Refuse recipes that expand past MAX_RECIPE_VALUES values or nest past MAX_RECIPE_DEPTH levels.
+
+    YAML aliases let a few hundred bytes stand for billions of values ("billion laughs"); they
+    are counted as expanded, without expanding them, and the walk stops at the first limit.
+    """
+    count, stack = 0, [(data, 1)]
+    while stack:
+        node, depth = stack.pop()
+        count += 1
+        if count > MAX_RECIPE_VALUES:
+            raise RecipeError(f"{where}: more than {MAX_RECIPE_VALUES} values once YAML aliases are expanded; "
+                              "a recipe is a few sections of settings")
+        if depth > MAX_RECIPE_DEPTH:
+            raise RecipeError(f"{where}: nested deeper than {MAX_RECIPE_DEPTH} levels")
+        if isinstance(node, dict):
+            stack.extend((v, depth + 1) for v in node.values())
+            stack.extend((k, depth + 1) for k in node if isinstance(k, (dict, list, tuple)))
+        elif isinstance(node, (list, tuple)):
+            stack.extend((v, depth + 1) for v in node)
+
+
+def _read_yaml(path: Path, shown: str) -> Any:
+    """The YAML of a recipe file, or a RecipeError that names the file (and the line where known)."""
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = path.read_bytes()[: err.start].count(b"\n") + 1
+        raise RecipeError(f"{shown}: not UTF-8 text (byte {err.start}, line {line})") from None
+    except OSError as err:
+        raise RecipeError(f"{shown}: cannot read it ({err.strerror})") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise RecipeError(f"{shown} is not valid YAML: {where}{_clip(str(problem))}") from None
+    except RecursionError:
+        raise RecipeError(f"{shown}: nested deeper than {MAX_RECIPE_DEPTH} levels") from None
+    except ValueError as err:  # e.g. an integer past Python's 4300-digit limit
+        digits = re.search(r"\d{4300,}", text)
+        at = f" (line {text[: digits.start()].count(chr(10)) + 1})" if digits else ""
+        raise RecipeError(f"{shown}{at}: {_clip(str(err))}") from None
 
 
 def _check_components(recipe: Recipe) -> list[str]:
@@ -328,30 +443,48 @@ def _check_component(stage: str, where: str, spec: dict[str, Any]) -> list[str]:
         hint = difflib.get_close_matches(name, choices, n=1, cutoff=0.3)
         more = f"; did you mean '{hint[0]}'?" if hint else ""
         return [f"'{where}.name': unknown {stage} method '{name}'{more} (choices: {', '.join(choices)})"]
+    cls = registry.component_class(stage, name)
+    annotations = {k: f.annotation for k, f in getattr(cls, "__pydantic_fields__", {}).items()}
+    if bad := bool_counts(annotations, spec):
+        return [f"'{where}.{bad[0]}': a count; expected an integer, got the boolean {spec[bad[0]]}"]
     try:
         registry.build(stage, spec)
     except ValidationError as err:
-        cls = registry.component_class(stage, name)
         fields = list(getattr(cls, "__dataclass_fields__", {}))
         return _format(err, tuple(where.split(".")), valid=fields)
+    except (ValueError, TypeError, OverflowError) as err:  # a component's own check
+        return [f"'{where}': {_clip(str(err))}"]
     return []
+
+
+def _list_index(node: list, part: str, dotted: str, where: str) -> int:
+    if not part.isdigit() or int(part) >= len(node):
+        have = f"indices 0..{len(node) - 1}" if node else "no items"
+        raise RecipeError(f"override '{_clip(dotted)}': '{_clip(where)}' is a list with {have}; "
+                          f"'{_clip(part)}' is not one of them")
+    return int(part)
 
 
 def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
     parts = dotted.split(".")
+    if any(not p for p in parts):
+        raise RecipeError(f"override '{_clip(dotted)}': empty key part")
     node: Any = data
     for i, part in enumerate(parts[:-1]):
+        where = ".".join(parts[: i + 1])
         if isinstance(node, list):
-            node = node[int(part)]
+            node = node[_list_index(node, part, dotted, ".".join(parts[:i]))]
+            if not isinstance(node, (dict, list)):
+                raise RecipeError(f"override '{_clip(dotted)}': '{_clip(where)}' is not a section")
             continue
         nxt = node.get(part)
         if nxt is None:
             nxt = node[part] = {}
         if not isinstance(nxt, (dict, list)):
-            raise RecipeError(f"override '{dotted}': '{'.'.join(parts[: i + 1])}' is not a section")
+            raise RecipeError(f"override '{_clip(dotted)}': '{_clip(where)}' is not a section")
         node = nxt
     if isinstance(node, list):
-        node[int(parts[-1])] = value
+        node[_list_index(node, parts[-1], dotted, ".".join(parts[:-1]))] = value
     else:
         node[parts[-1]] = value
 
@@ -366,6 +499,9 @@ def parse_overrides(items: list[str]) -> list[tuple[str, Any]]:
             value = yaml.safe_load(raw) if raw != "" else ""
         except yaml.YAMLError:  # not YAML: take the text as it is
             value = raw
+        except (ValueError, RecursionError) as err:  # an integer past 4300 digits, deep nesting
+            raise RecipeError(f"override '{_clip(key)}': {_clip(str(err))}") from None
+        _check_size(value, f"override '{_clip(key)}'")
         out.append((key.strip(), value))
     return out
 
@@ -379,19 +515,29 @@ def load_recipe(path: str | Path | None = None, overrides: list[str] | None = No
         p = Path(path).expanduser()
         if not p.is_file():
             raise RecipeError(f"recipe file not found: {path}")
-        try:
-            data = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as err:
-            raise RecipeError(f"{path} is not valid YAML: {err}") from None
+        data = _read_yaml(p, str(path)) or {}
     if not isinstance(data, dict):
         raise RecipeError(f"{path}: a recipe is a mapping of sections, got {type(data).__name__}")
+    _check_size(data, str(path) if path is not None else "recipe")
     data = yaml.safe_load(yaml.safe_dump(data))  # deep copy
     for key, value in parse_overrides(overrides or []):
+        section = key.split(".")[0]
+        if "." in key and section not in data and section in Recipe.model_fields:
+            # an override inside a section the file leaves out starts from that section's default
+            default = Recipe.model_fields[section].default
+            if isinstance(default, list):
+                data[section] = [d.model_dump(mode="json") if isinstance(d, BaseModel) else d for d in default]
+            elif isinstance(default, dict):
+                data[section] = yaml.safe_load(yaml.safe_dump(default))
+            elif isinstance(default, BaseModel):
+                data[section] = default.model_dump(mode="json", exclude_defaults=True)
         _set_dotted(data, key, value)
     try:
         recipe = Recipe.model_validate(data)
     except ValidationError as err:
         raise RecipeError("\n".join(_format(err))) from None
+    except RecursionError:
+        raise RecipeError(f"{path or 'recipe'}: nested deeper than {MAX_RECIPE_DEPTH} levels") from None
     problems = _check_components(recipe) + _check_entropy_source(recipe)
     if problems:
         raise RecipeError("\n".join(problems))

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import reprlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -199,14 +200,18 @@ def resolve_tasks(specs: list[str], target: Target, seed: int | None = None) -> 
 # ---------------------------------------------------------------- scoring
 
 
+MAX_K = 100_000
+
+
 def parse_ks(text: str) -> list[int]:
     """``"1,4,16"`` -> ``[1, 4, 16]`` (sorted, distinct, each >= 1)."""
+    shown = reprlib.repr(text)
     try:
         ks = sorted({int(k) for k in text.replace(" ", "").split(",") if k})
     except ValueError:
-        raise ValueError(f"--k {text!r}: expected comma-separated integers like 1,4,16") from None
-    if not ks or ks[0] < 1:
-        raise ValueError(f"--k {text!r}: every k must be >= 1")
+        raise ValueError(f"--k {shown}: expected comma-separated integers like 1,4,16") from None
+    if not ks or ks[0] < 1 or ks[-1] > MAX_K:
+        raise ValueError(f"--k {shown}: every k must be between 1 and {MAX_K}")
     return ks
 
 
