@@ -58,6 +58,8 @@ CASES = [
     ("nan-in-component", None, ["loss.eps_high=.nan"], ["loss.eps_high"]),
     ("seed-overflow", None, ["seed=1180591620717411303424"], ["'seed'"]),
     ("empty-key-part", None, ["train..lr=1"], ["empty key part"]),
+    ("huge-rollout-count", None, ["allocate.n=1000000000000"], ["allocate.n", "limit"]),
+    ("inf-in-selector", None, ["select={name: vade, pool: .inf}"], ["select.pool"]),
 ]
 
 

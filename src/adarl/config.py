@@ -25,6 +25,7 @@ from adarl import registry
 MAX_RECIPE_VALUES = 100_000  # values in a recipe once YAML aliases are expanded
 MAX_RECIPE_DEPTH = 64  # nesting of sections and lists
 MAX_SECONDS = 86_400.0  # any timeout: a day
+MAX_COUNT = 10_000_000  # any integer parameter of a component (rollouts per prompt, bins, ...)
 
 
 def _is_count(annotation: Any) -> bool:
@@ -447,6 +448,9 @@ def _check_component(stage: str, where: str, spec: dict[str, Any]) -> list[str]:
     annotations = {k: f.annotation for k, f in getattr(cls, "__pydantic_fields__", {}).items()}
     if bad := bool_counts(annotations, spec):
         return [f"'{where}.{bad[0]}': a count; expected an integer, got the boolean {spec[bad[0]]}"]
+    for key, value in spec.items():  # no component parameter is a count past this (seeds aside)
+        if isinstance(value, int) and not isinstance(value, bool) and key != "seed" and abs(value) > MAX_COUNT:
+            return [f"'{where}.{key}': {_clip(str(value), 24)} is past adarl's limit of {MAX_COUNT:,}"]
     try:
         registry.build(stage, spec)
     except ValidationError as err:

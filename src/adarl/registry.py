@@ -22,7 +22,7 @@ from pydantic import ConfigDict, TypeAdapter
 
 STAGES = ("select", "allocate", "shaping", "advantage", "tokens", "loss")
 LIST_STAGES = ("shaping", "tokens")  # a recipe lists any number of these, applied in order
-STRICT = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+STRICT = ConfigDict(extra="forbid", arbitrary_types_allowed=True, allow_inf_nan=False)
 
 _REGISTRY: dict[str, dict[str, type]] = {stage: {} for stage in STAGES}
 _BUILTINS = {
