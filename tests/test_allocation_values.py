@@ -184,3 +184,19 @@ def test_xrpo_allocation_by_bonus_form(bonus: str, expected: dict[str, int]) -> 
     stage1 = [group("u", [1, 0, 1, 0]), group("s", [1, 1, 1, 1])]
     store.update(stage1, step=1)
     assert xrpo.more(stage1, store, Budget()) == expected
+
+
+def test_roc_splits_successes_by_correctness_not_summed_reward():
+    # 4 rollouts, G = 2. (correct, format): r0 (1, 1), r1 (0, 0), r2 (0, 0), r3 (0, 1).
+    # By outcome (rStar2): pos = {r0}, neg = {r1, r2, r3}; n_neg = round(3·2/4) = 2, n_pos = 0 is raised to
+    # min(min_positive 2, |pos| 1) = 1, so n_neg = 1: keep r0 and the first negative, r1.
+    # By the summed reward (the old rule) r3, a wrong but well-formatted answer, is a success:
+    # pos = {r0, r3}, n_neg = 1 → max(1, min(2, 2)) = 2, n_pos = 0 → raised to 2: keep r0 and r3.
+    from adarl.allocate.roc import Roc
+    from adarl.types import Group, Problem, Rollout
+
+    rewards = np.array([[1.0, 1.0], [0.0, 0.0], [0.0, 0.0], [0.0, 1.0]])
+    g = Group(Problem("p", "q"), [0], [Rollout("p", [1], [0.0], "stop") for _ in range(4)], rewards=rewards,
+              reward_names=("short_answer", "format"), correct=np.array([1.0, 0.0, 0.0, 0.0]))
+    kept = Roc(n=2).down_sample(g)
+    assert kept.rewards.tolist() == [[1.0, 1.0], [0.0, 0.0]]

@@ -74,7 +74,8 @@ def runs(tiny_model_dir, tmp_path_factory) -> dict[str, Path]:
         mp.setenv("PYTHONPATH", str(TESTS))
         out = {}
         for name, extra in (("full", {}), ("lora", {"model": {"lora": {"r": 4, "alpha": 8}}})):
-            data = recipe_data(tiny_model_dir, task, budget={"max_steps": 2}, checkpoint={"every": 1, "keep": 2},
+            data = recipe_data(tiny_model_dir, task, budget={"max_steps": 2},
+                               checkpoint={"every": 1, "keep": 2, "keep_final": 2},
                                log={"tensorboard": False, "progress": False}, **extra)
             Trainer(load_recipe(data=data), root / name).run()
             out[name] = root / name

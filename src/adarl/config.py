@@ -73,7 +73,7 @@ class TaskConfig(Section):
     # reasoning_gym
     name: str | None = None  # generator name, e.g. basic_arithmetic
     params: dict[str, Any] = {}
-    size: int = Field(2000, gt=0, le=10_000_000)  # training items generated (before de-duplication)
+    size: int = Field(2000, gt=0, le=10_000_000)  # distinct training problems (held-out ones drawn besides)
     # jsonl
     path: str | None = None
     eval_path: str | None = None  # optional separate eval file; otherwise a held-out split

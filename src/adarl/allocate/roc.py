@@ -1,7 +1,7 @@
 """GRPO-RoC: Resample-on-Correct (rStar2-Agent, §2.6).
 
 Over-sample 2G rollouts per prompt, then down-sample each group to G: keep every kind of
-failure in proportion, but only the cleanest successes.
+failure in proportion, but only the cleanest successes (success = correct, the outcome reward).
     penalty_i = p_err(i) + p_fmt(i)
       p_err: share of tool responses containing "error" (0.5 with no tool call; no tools here)
       p_fmt: 1 − the rollout's format reward when the recipe has one (0 otherwise)
@@ -58,8 +58,10 @@ class Roc(Stateless):
     def down_sample(self, group: Group) -> Group:
         if group.size <= self.n:
             return group
-        reward = group.reward
-        pos, neg = np.flatnonzero(reward > 0), np.flatnonzero(reward <= 0)
+        # successes by outcome (the correctness column), as rStar2 splits them: a wrong answer with a
+        # format reward is a failure; without a correctness column, a positive summed reward
+        success = group.correct > 0.5 if group.correct is not None else group.reward > 0
+        pos, neg = np.flatnonzero(success), np.flatnonzero(~success)
         n_neg = int(round(len(neg) * self.n / group.size))
         n_neg = max(n_neg, min(self.min_negative, len(neg)))
         n_pos = self.n - n_neg

@@ -6,9 +6,10 @@ nothing is downloaded. Each becomes a chat prompt asking for the whole function 
 is the system turn). ``answer`` is None: a ``code`` reward checks a completion by running
 ``columns["test"]`` and ``check(entry_point)`` in the sandbox (`adarl.rewards.code`).
 
-Split: ``task.eval_size`` problems (a seeded shuffle, the same on every machine) are held out for
-eval and the rest is training. With only 164 problems, an ``eval_size`` of 164 or more puts every
-problem in eval and leaves training empty, which is what a base-model pass@1 wants.
+Split: ``task.eval_size`` problems (a seeded shuffle, the same on every machine, by the rule every
+source shares, `adarl.tasks.base.split_held_out`) are held out for eval and the rest is training.
+With only 164 problems, an ``eval_size`` of 164 or more puts every problem in eval and leaves
+training empty, which is what a base-model pass@1 wants.
 ``task.size`` and ``task.params`` are not used.
 """
 
@@ -18,12 +19,11 @@ import gzip
 import importlib.util
 import json
 import logging
-import random
 from pathlib import Path
 from typing import Any
 
 from adarl.config import TaskConfig
-from adarl.tasks.base import TaskSource, render_prompt
+from adarl.tasks.base import TaskSource, render_prompt, split_held_out
 from adarl.types import Problem
 
 log = logging.getLogger(__name__)
@@ -66,13 +66,8 @@ def to_problem(row: dict[str, Any], cfg: TaskConfig) -> Problem:
 def load_humaneval(cfg: TaskConfig, seed: int) -> TaskSource:
     """All 164 problems: ``cfg.eval_size`` held out by a seeded shuffle, the rest for training."""
     problems = [to_problem(row, cfg) for row in read_rows()]
-    order = list(range(len(problems)))
-    random.Random(f"adarl:humaneval:{seed}").shuffle(order)
-    n_eval = min(cfg.eval_size, len(problems))
-    held = sorted(order[len(order) - n_eval:]) if n_eval else []
-    held_set = set(held)
-    train = [p for i, p in enumerate(problems) if i not in held_set]
+    train, held = split_held_out(problems, cfg.eval_size, f"adarl:humaneval:{seed}", what="humaneval")
     if not train:
         log.info("humaneval: every problem is held out for eval (task.eval_size=%d); training is empty",
                  cfg.eval_size)
-    return TaskSource(train=train, eval=[problems[i] for i in held], name="humaneval")
+    return TaskSource(train=train, eval=held, name="humaneval")

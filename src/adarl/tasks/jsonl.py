@@ -8,8 +8,9 @@ answer. Every other key becomes a column. Problems are unique by id: a repeated 
 its first line.
 
 Eval comes from ``task.eval_path`` when set (at most ``eval_size`` problems), otherwise
-the last ``eval_size`` distinct ids of a seeded shuffle are held out. Either way, every
-problem whose id is in eval is removed from training.
+``eval_size`` distinct problems are held out at random (seeded) by the rule every source
+shares, `adarl.tasks.base.split_held_out`. Either way, every problem whose id or prompt is in
+eval is removed from training.
 
 A bad line (not UTF-8, not JSON, not an object, no usable prompt, an id that is not a string
 or an integer) is an error naming the file and line. With ``task.skip_bad_lines: true`` bad
@@ -24,12 +25,11 @@ from __future__ import annotations
 import difflib
 import json
 import logging
-import random
 from pathlib import Path
 from typing import Any
 
 from adarl.config import TaskConfig
-from adarl.tasks.base import TaskSource, dedupe, problem_id, render_prompt
+from adarl.tasks.base import TaskSource, dedupe, problem_id, remove_held, render_prompt, split_held_out
 from adarl.types import Problem
 
 log = logging.getLogger(__name__)
@@ -197,23 +197,6 @@ def read_jsonl(path: str | Path, cfg: TaskConfig, bad: BadLines | None = None) -
     return problems
 
 
-def split_held_out(
-    problems: list[Problem], eval_size: int, seed: int, path: str
-) -> tuple[list[Problem], list[Problem]]:
-    """Hold out the last `eval_size` distinct ids of a seeded shuffle; the rest is training."""
-    unique = dedupe(problems)
-    if eval_size >= len(unique):
-        raise ValueError(
-            f"{path}: task.eval_size is {eval_size} but the file has only {len(unique)} distinct "
-            "problems; at least one must be left for training (lower task.eval_size or set task.eval_path)"
-        )
-    order = list(range(len(unique)))
-    random.Random(seed).shuffle(order)
-    held = [unique[i] for i in order[len(order) - eval_size:]] if eval_size else []
-    held_ids = {p.id for p in held}
-    return [p for p in unique if p.id not in held_ids], held
-
-
 def load_jsonl(cfg: TaskConfig, seed: int) -> TaskSource:
     """Training and eval problems from `cfg.path` (and `cfg.eval_path`)."""
     if not cfg.path:
@@ -225,13 +208,17 @@ def load_jsonl(cfg: TaskConfig, seed: int) -> TaskSource:
         log.info("%s: %d lines repeat an earlier id and were merged", cfg.path, len(problems) - len(unique))
     if cfg.eval_path:
         held = dedupe(read_jsonl(cfg.eval_path, cfg, bad))[: cfg.eval_size]
-        held_ids = {p.id for p in held}
-        train = [p for p in unique if p.id not in held_ids]
+        train = remove_held(unique, held)
         if not train:
             raise ValueError(f"{cfg.path}: every problem is also in the eval file {cfg.eval_path}")
         if len(train) < len(unique):
             log.info("%s: %d problems also in %s were removed from training",
                      cfg.path, len(unique) - len(train), cfg.eval_path)
     else:
-        train, held = split_held_out(unique, cfg.eval_size, seed, cfg.path)
+        if cfg.eval_size >= len(unique):
+            raise ValueError(
+                f"{cfg.path}: task.eval_size is {cfg.eval_size} but the file has only {len(unique)} distinct "
+                "problems; at least one must be left for training (lower task.eval_size or set task.eval_path)"
+            )
+        train, held = split_held_out(unique, cfg.eval_size, seed, what=cfg.path)
     return TaskSource(train=train, eval=held, name=Path(cfg.path).stem, skipped=bad.count, first_bad=bad.first)

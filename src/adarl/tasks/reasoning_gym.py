@@ -1,10 +1,11 @@
 """Problems from a reasoning-gym procedural generator, with a held-out eval split.
 
-Training items are ``cfg.size`` items of the generator (duplicates dropped, so there may be
-fewer); eval items come from a second, independently seeded generator, skipping every item
-whose id is already in training. Both generator seeds are derived from the task seed by
-hashing, because reasoning-gym seeds item ``i`` with ``seed + i``: plain ``seed`` and
-``seed + 1`` would give nearly the same items.
+One pool of ``task.size + task.eval_size`` distinct items is drawn from the generator
+(duplicates are skipped, up to `pool_attempts` draws) and split at random into training and
+eval by `adarl.tasks.base.split_held_out`, so eval has the training distribution. A pool that
+comes up short (a small problem space) is a warning, and eval is filled first. The generator
+seed and the split seed are derived from the task seed by hashing, because reasoning-gym seeds
+item ``i`` with ``seed + i``: plain ``seed`` and ``seed + 1`` would give nearly the same items.
 """
 
 from __future__ import annotations
@@ -12,26 +13,25 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import hashlib
-import logging
 from typing import Any
 
 from adarl.config import TaskConfig
-from adarl.tasks.base import TaskSource, dedupe, is_scalar, problem_id, render_prompt
+from adarl.tasks.base import TaskSource, is_scalar, problem_id, render_prompt, split_held_out
 from adarl.types import Problem
-
-log = logging.getLogger(__name__)
 
 RESERVED_PARAMS = ("seed", "size")  # set from task.seed / task.size
 
 
 def derive_seed(seed: int, tag: str) -> int:
-    """A 32-bit generator seed for `tag` ("train", "eval"), stable across machines."""
+    """A 32-bit seed for `tag` ("pool", "split"), stable across machines."""
     return int(hashlib.sha256(f"adarl:{tag}:{seed}".encode()).hexdigest()[:8], 16)
 
 
-def eval_attempts(eval_size: int) -> int:
-    """How many generator items are tried at most to collect `eval_size` held-out ones."""
-    return max(1000, 20 * eval_size)
+def pool_attempts(wanted: int) -> int:
+    """How many generator items are drawn at most to collect `wanted` distinct ones."""
+    # 4x leaves room for generators that spend many draws in a small corner: with 1- and 2-digit
+    # operands half the draws are among 121 one-digit sums, and 1200 distinct take ~2,300 draws
+    return max(1000, 4 * wanted)
 
 
 def _registry() -> dict[str, Any]:
@@ -87,35 +87,28 @@ def to_problem(item: dict[str, Any], cfg: TaskConfig) -> Problem:
 
 
 def load_reasoning_gym(cfg: TaskConfig, seed: int) -> TaskSource:
-    """Generate the training set and a disjoint held-out eval set for `cfg.name`."""
+    """One pool of distinct generator items for `cfg.name`, split into training and held-out eval."""
     name = cfg.name
     if not name:
         raise ValueError("task.name is required for source 'reasoning_gym' (e.g. basic_arithmetic)")
-    params = dict(cfg.params)
-
-    train_ds = _create(name, params, size=cfg.size, seed=derive_seed(seed, "train"))
-    train = dedupe([to_problem(train_ds[i], cfg) for i in range(cfg.size)])
-    if len(train) < cfg.size:
-        log.info("%s: %d of %d training items were duplicates and were dropped",
-                 name, cfg.size - len(train), cfg.size)
-
-    held: list[Problem] = []
-    if cfg.eval_size > 0:
-        attempts = eval_attempts(cfg.eval_size)
-        eval_ds = _create(name, params, size=attempts, seed=derive_seed(seed, "eval"))
-        seen = {p.id for p in train}
-        for i in range(attempts):
-            p = to_problem(eval_ds[i], cfg)
-            if p.id in seen:
-                continue
+    wanted = cfg.size + cfg.eval_size
+    attempts = pool_attempts(wanted)
+    ds = _create(name, dict(cfg.params), size=attempts, seed=derive_seed(seed, "pool"))
+    pool: list[Problem] = []
+    seen: set[str] = set()
+    for i in range(attempts):
+        p = to_problem(ds[i], cfg)
+        if p.id not in seen:
             seen.add(p.id)
-            held.append(p)
-            if len(held) == cfg.eval_size:
+            pool.append(p)
+            if len(pool) == wanted:
                 break
-        else:
-            raise ValueError(
-                f"reasoning_gym generator '{name}' gave only {len(held)} distinct held-out problems "
-                f"not in the {len(train)} training ones after {attempts} tries; task.eval_size is "
-                f"{cfg.eval_size}. Lower task.eval_size or task.size, or widen task.params"
-            )
+    if len(pool) <= cfg.eval_size:
+        raise ValueError(
+            f"reasoning_gym generator '{name}' gave only {len(pool)} distinct problems in {attempts} draws "
+            f"and task.eval_size is {cfg.eval_size}: at least one must be left for training. Lower "
+            "task.eval_size, or widen task.params"
+        )
+    train, held = split_held_out(pool, cfg.eval_size, derive_seed(seed, "split"), train_size=cfg.size,
+                                 what=f"reasoning_gym generator '{name}' ({attempts} draws)")
     return TaskSource(train=train, eval=held, name=name)
