@@ -133,3 +133,23 @@ def test_eval_options_have_ranges(args, expected, tmp_path, deadline):
     result = CliRunner().invoke(cli.app, ["eval", str(tmp_path / "no-such-model"), *args])
     assert result.exit_code == 2 and expected in result.output and "Traceback" not in result.output
     assert len(result.output) < 2000
+
+
+@pytest.mark.parametrize("bad_line", [
+    '{"prompt": "What is \\ud800 + 1?", "answer": "2"}',
+    '{"prompt": [{"role": "user", "content": "\\udfff"}], "answer": "2"}',
+    '{"prompt": "What is 1 + 1?", "answer": "\\ud83d"}',
+])
+def test_jsonl_lone_surrogate_named_at_load(bad_line, tmp_path, deadline):
+    data = base(tmp_path)
+    path = Path(data["task"]["path"])
+    lines = path.read_text().splitlines()
+    lines.insert(3, bad_line)
+    path.write_text("\n".join(lines) + "\n")
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(data))
+    result = CliRunner().invoke(cli.app, ["train", str(recipe), "--run-dir", str(tmp_path / "run")])
+    assert result.exit_code == 2, result.output
+    line = _line(result)
+    assert "data.jsonl, line 4" in line and "surrogate" in line
+    assert not (tmp_path / "run").exists()

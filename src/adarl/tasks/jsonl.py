@@ -105,6 +105,14 @@ def _problem(row: dict[str, Any], cfg: TaskConfig, fields: dict[str, str], where
         )
     if isinstance(raw, str) and not raw.strip():
         raise ValueError(f"{where}: prompt field '{key}' is empty: {_snippet(line)}")
+    for name in (key, fields["answer"], fields["id"]):  # JSON may escape a lone surrogate no tokenizer encodes
+        text = json.dumps(row.get(name), ensure_ascii=False)
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise ValueError(f"{where}: field '{name}' holds a character that is not valid Unicode text "
+                             f"({text[err.start:err.end].encode('utf-8', 'backslashreplace').decode()}, a lone "
+                             f"surrogate): {_snippet(line)}") from None
     columns = {k: v for k, v in row.items() if k not in (fields["id"], fields["prompt"], fields["answer"])}
     columns["question"] = question
     return Problem(
