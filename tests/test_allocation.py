@@ -13,7 +13,7 @@ from adarl.allocate.xrpo import Xrpo, half_width, t_quantile
 from adarl.budget import Budget
 from adarl.select.gdro import pass_at_k_latest
 from adarl.select.store import DifficultyStore
-from adarl.types import Group, Problem, Rollout
+from adarl.types import Group, Problem, Rollout, merge
 
 
 def group(pid: str, correct: list[int], length: int = 5) -> Group:
@@ -121,11 +121,7 @@ def test_allocators_never_exceed_the_step_rollouts(spec, limit, k, seed):
         budget.spend([r for g in fresh for r in g.rollouts])
         assert budget.step_rollouts <= limit
         store.update(fresh, 4)
-        for g in fresh:
-            if g.problem.id in groups:
-                groups[g.problem.id].extend(g)
-            else:
-                groups[g.problem.id] = g
+        merge(groups, fresh)
         counts = allocator.more(list(groups.values()), store, budget)
     assert budget.step_rollouts <= limit
     allocator.finish(list(groups.values()))

@@ -22,7 +22,7 @@ from adarl.config import SchedulerConfig
 from adarl.rollout.hf import Progress, row_keys
 from adarl.rollout.scheduler import RolloutScheduler
 from adarl.select.store import DifficultyStore
-from adarl.types import Group, Problem, Request, Rollout
+from adarl.types import Group, Problem, Request, Rollout, merge
 
 MAX_NEW = 12
 
@@ -128,11 +128,7 @@ def run_steps(spec, mode, k, rollout_limit, token_limit, seed, steps=3):
                     c = rng.integers(0, 2, size=len(rs)).astype(float)
                     fresh.append(Group(problems[q], [0], rs, rewards=c[:, None], reward_names=("r",), correct=c))
                 store.update(fresh, step)
-                for g in fresh:
-                    if g.problem.id in groups:
-                        groups[g.problem.id].extend(g)
-                    else:
-                        groups[g.problem.id] = g
+                merge(groups, fresh)
                 counts = allocator.more(list(groups.values()), store, budget)
             allocator.finish(list(groups.values()))
             spent.append((budget.step_rollouts, budget.step_tokens))

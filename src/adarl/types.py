@@ -94,6 +94,15 @@ class Group:
         return bool(np.all(r == r[0]))
 
 
+def merge(groups: dict[PromptId, Group], fresh: list[Group]) -> None:
+    """Add a stage's verified groups to the step's, by prompt: a top-up joins its prompt's group."""
+    for g in fresh:
+        if g.problem.id in groups:
+            groups[g.problem.id].extend(g)
+        else:
+            groups[g.problem.id] = g
+
+
 @dataclass
 class Batch:
     """The groups of one step and the per-rollout arrays built from them, in rollout order.

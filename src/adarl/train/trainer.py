@@ -39,7 +39,7 @@ from adarl.tokens.entropy import EntropyStats
 from adarl.train import checkpoint
 from adarl.train.checkpoint import crash_point
 from adarl.train.logprobs import completion_logprobs, micro_batches, pack
-from adarl.types import Batch, Group, Problem, Request, Rollout
+from adarl.types import Batch, Group, Problem, Request, Rollout, merge
 
 TIMING_KEYS = ("generate_s", "verify_s", "train_s", "weight_sync_s", "eval_s", "step_s", "tokens_per_s", "wall_s")
 MAX_BAD_UPDATES = 3  # updates in a row with a non-finite loss or gradient that stop the run
@@ -196,11 +196,7 @@ class Trainer:
         self.shape(fresh, metrics)
         metrics.add("verify_s", time.perf_counter() - t0)
         self.store.update(fresh, self.step + 1)
-        for g in fresh:
-            if g.problem.id in groups:
-                groups[g.problem.id].extend(g)
-            else:
-                groups[g.problem.id] = g
+        merge(groups, fresh)
 
     def train_step(self) -> dict[str, float]:
         t_step = time.perf_counter()
