@@ -153,3 +153,22 @@ def test_jsonl_lone_surrogate_named_at_load(bad_line, tmp_path, deadline):
     line = _line(result)
     assert "data.jsonl, line 4" in line and "surrogate" in line
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("fields,expected", [
+    ({"answer": "solutio"}, ["task.fields.answer", "'solutio'", "did you mean 'solution'", "prompt, solution"]),
+    ({"id": "uid"}, ["task.fields.id", "'uid'"]),
+])
+def test_field_mapping_that_matches_no_key_is_named(fields, expected, tmp_path, deadline):
+    # the file has prompt and solution; a misspelt mapping used to train silently without answers
+    data = base(tmp_path)
+    path = Path(data["task"]["path"])
+    path.write_text("".join(f'{{"prompt": "What is {i}+1?", "solution": "{i + 1}"}}\n' for i in range(20)))
+    data["task"]["fields"] = fields
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(data))
+    result = CliRunner().invoke(cli.app, ["train", str(recipe), "--run-dir", str(tmp_path / "run")])
+    assert result.exit_code == 2, result.output
+    line = _line(result)
+    for part in expected:
+        assert part in line, line

@@ -136,7 +136,8 @@ class BadLines:
             self.first = message
 
 
-def _parse_line(raw: bytes, n: int, path: str | Path, cfg: TaskConfig, fields: dict[str, str]) -> Problem | None:
+def _parse_line(raw: bytes, n: int, path: str | Path, cfg: TaskConfig, fields: dict[str, str],
+                seen: set[str] | None = None) -> Problem | None:
     """The problem on line `n` (None for a blank line); ValueError naming the line if it is bad."""
     where = f"{path}, line {n}"
     if n == 1 and raw.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte-order mark
@@ -158,6 +159,8 @@ def _parse_line(raw: bytes, n: int, path: str | Path, cfg: TaskConfig, fields: d
     if not isinstance(row, dict):
         kind = type(row).__name__
         raise ValueError(f"{where}: expected a JSON object, got {kind}: {_snippet(line)}")
+    if seen is not None:
+        seen.update(row)
     return _problem(row, cfg, fields, where, line)
 
 
@@ -174,10 +177,11 @@ def read_jsonl(path: str | Path, cfg: TaskConfig, bad: BadLines | None = None) -
     skipped = BadLines()
     problems = []
     lines = 0
+    seen: set[str] = set()
     with p.open("rb") as f:
         for n, raw in enumerate(f, start=1):
             try:
-                problem = _parse_line(raw, n, path, cfg, fields)
+                problem = _parse_line(raw, n, path, cfg, fields, seen)
             except ValueError as err:
                 if not cfg.skip_bad_lines:
                     raise ValueError(f"{err} (set task.skip_bad_lines: true to skip bad lines)") from None
@@ -202,6 +206,12 @@ def read_jsonl(path: str | Path, cfg: TaskConfig, bad: BadLines | None = None) -
             bad.first = bad.first or skipped.first
     if not problems:
         raise ValueError(f"{path}: the file has no problems (it is empty)")
+    for role, key in cfg.fields.items():  # a mapping the user wrote must match a key of the file
+        if key != DEFAULT_FIELDS.get(role) and key not in seen:
+            close = difflib.get_close_matches(key, sorted(seen), n=1, cutoff=0.5)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            raise ValueError(f"task.fields.{role}: no line of {path} has the key '{key}'{hint} "
+                             f"(its keys: {', '.join(sorted(seen)[:20])})")
     return problems
 
 
