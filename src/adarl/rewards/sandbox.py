@@ -20,24 +20,37 @@ user namespaces), the layers are:
   (``RLIMIT_NPROC``, which root ignores) applies to this one sandbox only.
 - **rlimits**: CPU seconds (SIGXCPU, then SIGKILL), address space, file size, processes,
   open files, no core dumps, no locked memory; soft = hard, so the program cannot raise them.
+- **a system-call filter** (seccomp-BPF, compiled once per caller process by libseccomp through
+  `pyseccomp`, loaded by the launcher just before ``execve`` and inherited by every child):
+  refuses the kernel keyrings, new namespaces and mounts (``unshare``, ``setns``, ``clone`` with a
+  CLONE_NEW* flag; ``clone3`` answers ENOSYS), memory that ``RLIMIT_AS`` does not count
+  (``memfd_create``, System V shared memory, semaphores and message queues, POSIX message
+  queues), ``ptrace`` and ``process_vm_readv``/``writev``, sockets of any family but unix, IPv4
+  and IPv6 (netlink, vsock, packet: EAFNOSUPPORT), growing pipe and socket buffers past their
+  defaults, and ``bpf``, ``perf_event_open``, ``userfaultfd``, ``io_uring``, module and kexec
+  calls. See `_DENIED_SYSCALLS`.
 - **a scrubbed environment** (PATH, LANG, HOME=TMPDIR=the working dir; nothing of the parent's),
   ``python -I -S -B`` (no user site, no ``PYTHON*`` variables, no bytecode written), no inherited
-  file descriptors besides stdin/stdout/stderr.
+  file descriptors besides stdin/stdout/stderr. The launcher's configuration (host paths, the
+  caller's pid) and the program's source reach it in a memfd, never on a command line; the
+  sandbox's init is not dumpable and ``/proc`` is mounted with ``hidepid=2``, so the program
+  sees only its own processes in ``/proc``.
 - **a hard wall-clock kill**: past ``timeout_s`` the launcher's process group is SIGKILLed; the
   launcher and the namespace's init die with ``PR_SET_PDEATHSIG`` chains, so killing the caller
   (e.g. a reward worker) kills the sandbox too.
 
-Where a layer is unavailable (not Linux, no namespaces, not root) the sandbox degrades to what
-remains, never silently: `sandbox_capabilities` reports which layers are active, and a warning is
-logged once. Without namespaces, a process the program detaches from its group can survive it
-(as root it is still killed by uid), the network is reachable, and the program can write wherever
-its uid may (e.g. the host's ``/tmp``).
+Where a layer is unavailable (not Linux, no namespaces, not root, no libseccomp) the sandbox
+degrades to what remains, never silently: `sandbox_capabilities` reports which layers are
+active, and a warning is logged once. Without namespaces, a process the program detaches from
+its group can survive it (as root it is still killed by uid), the network is reachable, and the
+program can write wherever its uid may (as root, what its uid left in the host's ``/dev/shm``
+and temporary directory is deleted afterwards).
 
-What it does NOT protect against (see README, "Security and isolation"): kernel exploits (there
-is no seccomp filter; the kernel is the trust boundary), reading world-readable files under
-``/usr`` and ``/etc``, CPU and memory contention with the host (no cgroup: memory is bounded per
-process by ``RLIMIT_AS``, so a program may use about ``max_procs`` x ``memory_mb`` plus its tmpfs),
-and side channels.
+What it does NOT protect against (see README, "Security and isolation"): kernel exploits
+through the system calls the filter allows (the kernel is the trust boundary), reading
+world-readable files under ``/usr`` and ``/etc``, CPU contention, and memory beyond a per-process
+bound (no cgroup: ``max_procs`` x (``memory_mb`` + the kernel's buffers of up to
+``max_open_files`` pipes and sockets at their default sizes) + the tmpfs), and side channels.
 
 This module imports only the standard library: the launcher runs it without the package.
 """
@@ -66,7 +79,8 @@ _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
 _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 32, 4096, 16384, 1 << 18
 _MS_NOATIME, _MS_NODIRATIME, _MS_RELATIME = 1024, 2048, 1 << 21
 _MNT_DETACH = 2
-_PR_SET_PDEATHSIG, _PR_SET_CHILD_SUBREAPER, _PR_SET_NO_NEW_PRIVS = 1, 36, 38
+_PR_SET_PDEATHSIG, _PR_SET_DUMPABLE, _PR_SET_CHILD_SUBREAPER, _PR_SET_NO_NEW_PRIVS = 1, 4, 36, 38
+_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 22, 2
 _SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}
 _DEVICES = ("null", "zero", "full", "random", "urandom")
 _TOP_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")  # symlinks into /usr on merged-usr systems
@@ -156,6 +170,86 @@ def _memfd(data: bytes, name: str) -> int:
     return fd
 
 
+# System calls the program is refused (EPERM), as a deny list on top of the other layers: each
+# group names the hole it closes. Names this kernel or architecture lacks are skipped.
+_DENIED_SYSCALLS = {
+    "kernel keyrings (the caller's session keyring is inherited)": ("add_key", "request_key", "keyctl"),
+    "new namespaces (a user namespace gives uid 0 and mounts)": (
+        "unshare", "setns", "mount", "umount2", "pivot_root", "chroot", "move_mount", "open_tree", "fsopen",
+        "fsconfig", "fsmount", "fspick", "mount_setattr"),
+    "memory outside RLIMIT_AS": (
+        "memfd_create", "memfd_secret", "shmget", "shmat", "shmctl", "shmdt", "msgget", "msgsnd", "msgrcv",
+        "msgctl", "semget", "semop", "semtimedop", "semctl", "mq_open", "mq_unlink", "mq_timedsend",
+        "mq_timedreceive", "mq_notify", "mq_getsetattr"),
+    "other processes' memory": ("ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd", "kcmp"),
+    "kernel attack surface no program here needs": (
+        "bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "io_uring_enter", "io_uring_register",
+        "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module", "reboot", "swapon",
+        "swapoff", "syslog", "acct", "quotactl", "quotactl_fd", "lookup_dcookie", "open_by_handle_at",
+        "fanotify_init", "vhangup", "iopl", "ioperm", "uselib", "ustat", "sysfs", "_sysctl", "nfsservctl",
+        "sethostname", "setdomainname"),
+}
+_CLONE_NEW = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000)  # CLONE_NEW*
+_AF_UNIX, _AF_INET, _AF_INET6 = 1, 2, 10
+_F_SETPIPE_SZ, _SOL_SOCKET, _SO_SNDBUF, _SO_RCVBUF = 1031, 1, 7, 8
+_filter_cache: tuple[bytes, str] | None = None
+
+
+def _syscall_filter() -> bytes:
+    """The seccomp-BPF program the sandboxed program runs under (b"" where libseccomp is missing).
+
+    Built once per process with libseccomp (through `pyseccomp`) and handed to the launcher as
+    bytes, so the launcher stays standard-library only. Default: allow. Refused: the calls in
+    `_DENIED_SYSCALLS`; ``clone`` with any CLONE_NEW* flag; ``clone3`` with ENOSYS (its flags are
+    in memory a filter cannot read; glibc then falls back to ``clone``); sockets of any family but
+    unix, IPv4 and IPv6 (EAFNOSUPPORT: netlink, vsock, packet, ...); growing a pipe's or a
+    socket's kernel buffer (``F_SETPIPE_SZ``, ``SO_SNDBUF``, ``SO_RCVBUF``). A system call of
+    another architecture (x32, i386) kills the program.
+    """
+    global _filter_cache
+    if _filter_cache is None:
+        try:
+            _filter_cache = (_build_syscall_filter(), "")
+        except Exception as exc:  # noqa: BLE001 - no libseccomp here: the layer is reported as off
+            _filter_cache = (b"", f"{type(exc).__name__}: {exc}")
+    return _filter_cache[0]
+
+
+def _build_syscall_filter() -> bytes:
+    import errno
+    import platform
+    import tempfile
+
+    import pyseccomp as sc
+
+    f = sc.SyscallFilter(sc.ALLOW)
+    f.set_attr(sc.Attr.ACT_BADARCH, sc.KILL_PROCESS)
+    deny = sc.ERRNO(errno.EPERM)
+    for names in _DENIED_SYSCALLS.values():
+        for name in names:
+            with contextlib.suppress(Exception):  # not a system call of this kernel/architecture
+                f.add_rule(deny, name)
+    flags_arg = 1 if platform.machine().startswith("s390") else 0  # clone(stack, flags) there
+    for flag in _CLONE_NEW:
+        f.add_rule(deny, "clone", sc.Arg(flags_arg, sc.MASKED_EQ, flag, flag))
+    with contextlib.suppress(Exception):
+        f.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
+    no_family = sc.ERRNO(errno.EAFNOSUPPORT)
+    # domain not in {AF_UNIX, AF_INET, AF_INET6}: 64-bit compares, so high bits cannot sneak past
+    for family in (0, *range(_AF_INET + 1, _AF_INET6)):
+        f.add_rule(no_family, "socket", sc.Arg(0, sc.EQ, family))
+    f.add_rule(no_family, "socket", sc.Arg(0, sc.GT, _AF_INET6))
+    f.add_rule(no_family, "socketpair", sc.Arg(0, sc.NE, _AF_UNIX))
+    # Kernel buffers stay at their default sizes: they are memory that RLIMIT_AS does not count.
+    f.add_rule(deny, "fcntl", sc.Arg(1, sc.EQ, _F_SETPIPE_SZ))
+    for option in (_SO_SNDBUF, _SO_RCVBUF):
+        f.add_rule(deny, "setsockopt", sc.Arg(1, sc.EQ, _SOL_SOCKET), sc.Arg(2, sc.EQ, option))
+    with tempfile.TemporaryFile() as out:
+        f.export_bpf(out)
+        out.seek(0)
+        return out.read()
+
+
 def _signal_name(sig: int) -> str:
     try:
         return signal.Signals(sig).name
@@ -187,6 +281,21 @@ def _kill_uid(uid: int, rounds: int = 50) -> None:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
         time.sleep(0.01)
+
+
+def _remove_owned(directory: str, uid: int) -> None:
+    """Delete the entries of `directory` that `uid` owns (a sandbox's private uid, without a jail)."""
+    import shutil
+
+    with contextlib.suppress(OSError), os.scandir(directory) as entries:
+        for entry in entries:
+            with contextlib.suppress(OSError):
+                if entry.stat(follow_symlinks=False).st_uid != uid:
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path, ignore_errors=True)
+                else:
+                    os.unlink(entry.path)
 
 
 class _Reader:
@@ -262,26 +371,28 @@ def run_code(code: str, *, timeout_s: float = 5.0, memory_mb: int = 512, max_fil
     fds: list[int] = []
     proc: subprocess.Popen[bytes] | None = None
     try:
-        code_fd = _memfd(payload, "adarl-code")
-        fds.append(code_fd)
         stdin_fd = _memfd(data_in, "adarl-stdin") if data_in else subprocess.DEVNULL
         if data_in:
             fds.append(stdin_fd)
         status_r, status_w = os.pipe()
         fds += [status_r, status_w]
         cfg = {
-            "parent_pid": os.getpid(), "code_fd": code_fd, "status_fd": status_w, "workdir": workdir,
+            "parent_pid": os.getpid(), "status_fd": status_w, "workdir": workdir,
             "python": python, "python_unjailed": _fallback_interpreter(python),
             "binds": _ro_binds(python, prefix), "namespaces": bool(namespaces),
             "cpu_s": cpu_s, "memory_bytes": int(memory_mb) << 20, "fsize_bytes": int(max_file_mb) << 20,
             "nproc": int(max_procs), "nofile": int(max_open_files), "disk_bytes": disk << 20,
-            "args": [str(a) for a in args],
+            "syscall_filter": _syscall_filter().hex(),
         }
+        # The configuration (host paths, the caller's pid) travels in a memfd, not on a command line
+        # that /proc would show; only the program's own arguments are there (for `ps`).
+        config_fd = _memfd(json.dumps(cfg).encode() + b"\n" + payload, "adarl-config")
+        fds.append(config_fd)
         try:
             proc = subprocess.Popen(
-                [python, "-I", "-S", "-B", os.path.abspath(__file__), json.dumps(cfg)],
+                [python, "-I", "-S", "-B", os.path.abspath(__file__), str(config_fd), *map(str, args)],
                 stdin=stdin_fd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/",
-                env=dict(_ENV, HOME="/"), pass_fds=(code_fd, status_w), start_new_session=True,
+                env=dict(_ENV, HOME="/"), pass_fds=(config_fd, status_w), start_new_session=True,
             )
         except OSError as exc:
             return SandboxResult("sandbox_error", None, "", "", time.monotonic() - start,
@@ -342,6 +453,9 @@ def run_code(code: str, *, timeout_s: float = 5.0, memory_mb: int = 512, max_fil
             outcome.update({k: v for k, v in m.items() if k != "layers"})
         if os.geteuid() == 0 and not layers.get("pid_namespace") and layers.get("private_uid"):
             _kill_uid(UID_BASE + proc.pid)  # no PID namespace: leftovers die by uid
+        if os.geteuid() == 0 and not layers.get("filesystem_jail") and layers.get("private_uid"):
+            for shared in ("/dev/shm", tempfile.gettempdir()):  # what it left in the host's RAM-backed dirs
+                _remove_owned(shared, UID_BASE + proc.pid)
         duration = time.monotonic() - start
         out, err = readers[0].text(), readers[1].text()
         truncated = any(r.truncated for r in readers)
@@ -403,7 +517,7 @@ def _read_status(fd: int) -> list[dict[str, Any]]:
 
 _LAYER_NAMES = ("network_namespace", "pid_namespace", "mount_namespace", "filesystem_jail",
                 "ipc_namespace", "uts_namespace", "private_uid", "nproc_limit", "no_new_privs",
-                "disk_quota", "rlimits")
+                "disk_quota", "rlimits", "syscall_filter")
 _capabilities: dict[str, Any] | None = None
 
 
@@ -412,8 +526,9 @@ def sandbox_capabilities(refresh: bool = False) -> dict[str, Any]:
 
     Keys: each of ``network_namespace``, ``pid_namespace``, ``mount_namespace``,
     ``filesystem_jail``, ``ipc_namespace``, ``uts_namespace``, ``private_uid``, ``nproc_limit``,
-    ``no_new_privs``, ``disk_quota``, ``rlimits`` (bools), plus ``root``, ``python`` and, when
-    the probe failed, ``error``. A layer that is off is logged once as a warning.
+    ``no_new_privs``, ``disk_quota``, ``rlimits``, ``syscall_filter`` (bools), plus ``root``,
+    ``python``, when the probe failed ``error``, and when libseccomp could not build the filter
+    ``syscall_filter_error``. A layer that is off is logged once as a warning.
     """
     global _capabilities
     if _capabilities is None or refresh:
@@ -423,6 +538,8 @@ def sandbox_capabilities(refresh: bool = False) -> dict[str, Any]:
         caps["python"] = _interpreter()[0]
         if not (result.ok and result.stdout.strip() == "ok"):
             caps["error"] = f"{result.status}: {result.reason or result.stderr[-500:]}"
+        if _filter_cache is not None and _filter_cache[1]:
+            caps["syscall_filter_error"] = _filter_cache[1]
         missing = [name for name in _LAYER_NAMES if not caps[name]]
         if missing:
             import logging
@@ -522,7 +639,11 @@ def _build_jail(libc: Any, cfg: dict[str, Any], uid: int, gid: int, code: bytes,
     os.symlink("/proc/self/fd", f"{new}/dev/fd")
     os.mkdir(new + "/proc", 0o555)
     if own_proc:  # only a PID namespace's own /proc: the host's would show every process
-        _mount(libc, "proc", new + "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+        # hidepid=2: the program sees only its own processes, not init's command line or files
+        try:
+            _mount(libc, "proc", new + "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, "hidepid=2")
+        except OSError:  # an old kernel: init is still not dumpable, so its files stay unreadable
+            _mount(libc, "proc", new + "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
     os.mkdir(new + "/tmp", 0o755)
     _mount(libc, "tmpfs", new + "/tmp", "tmpfs", _MS_NOSUID | _MS_NODEV,
            f"size={cfg['disk_bytes'] // 1024}k,nr_inodes=16384,mode=0700,uid={uid},gid={gid}")
@@ -574,7 +695,22 @@ def _exec_program(cfg: dict[str, Any], uid: int, gid: int, root: bool, workdir: 
             raise RuntimeError("privileges were not dropped")
     env = dict(_ENV, HOME=workdir, TMPDIR=workdir)
     python = cfg["python"] if workdir == "/tmp" else cfg["python_unjailed"]
+    if cfg["syscall_filter"]:  # last: from here on the filter applies, to execve and all children
+        _load_syscall_filter(libc, bytes.fromhex(cfg["syscall_filter"]))
     os.execve(python, [python, "-I", "-S", "-B", "main.py", *cfg["args"]], env)
+
+
+def _load_syscall_filter(libc: Any, program: bytes) -> None:
+    """Install a seccomp-BPF program (struct sock_filter[], 8 bytes each) on this process."""
+    import ctypes
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    buf = ctypes.create_string_buffer(program, len(program))
+    prog = SockFprog(len(program) // 8, ctypes.cast(buf, ctypes.c_void_p))
+    _check(libc.prctl(_PR_SET_SECCOMP, ctypes.c_ulong(_SECCOMP_MODE_FILTER), ctypes.byref(prog),
+                      ctypes.c_ulong(0), ctypes.c_ulong(0)), "seccomp filter")
 
 
 def _kill_children(uid: int | None) -> None:
@@ -611,6 +747,9 @@ def _supervise(libc: Any, cfg: dict[str, Any], layers: dict[str, bool], code: by
     _prctl(libc, _PR_SET_PDEATHSIG, signal.SIGKILL)
     if select.select([lifeline], [], [], 0)[0]:  # the launcher died before PDEATHSIG was set
         os._exit(1)
+    # Our /proc files become root's and ptrace-proof: a program with our uid (no root, user
+    # namespace) cannot read our memory, environment or file descriptors either.
+    _prctl(libc, _PR_SET_DUMPABLE, 0)
     in_pid_ns = os.getpid() == 1
     if not in_pid_ns:
         _prctl(libc, _PR_SET_CHILD_SUBREAPER, 1)  # orphans come to us, so we can kill them
@@ -632,6 +771,7 @@ def _supervise(libc: Any, cfg: dict[str, Any], layers: dict[str, bool], code: by
             _check(libc.sethostname(b"sandbox", 7), "sethostname")
     layers["private_uid"] = layers["nproc_limit"] = root
     layers["no_new_privs"] = layers["rlimits"] = True
+    layers["syscall_filter"] = bool(cfg["syscall_filter"])  # its loading fails closed (a sandbox_error)
     report(layers=layers)
     err_r, err_w = os.pipe()  # close-on-exec: data arrives only if the exec failed
     child = os.fork()
@@ -684,7 +824,19 @@ def _map_ids(uid: int, gid: int) -> bool:
     return True
 
 
-def _launch(cfg: dict[str, Any]) -> int:
+def _read_config(fd: int, args: list[str]) -> tuple[dict[str, Any], bytes]:
+    """The caller's memfd: one line of JSON configuration, then the program's source."""
+    chunks = []
+    while chunk := os.read(fd, 1 << 20):
+        chunks.append(chunk)
+    os.close(fd)
+    head, _, code = b"".join(chunks).partition(b"\n")
+    cfg = json.loads(head)
+    cfg["args"] = args
+    return cfg, code
+
+
+def _launch(cfg: dict[str, Any], code: bytes) -> int:
     """The launcher: unshare namespaces, fork the sandbox's init, wait for it."""
     libc = _libc()
     os.umask(0o022)
@@ -699,12 +851,6 @@ def _launch(cfg: dict[str, Any]) -> int:
     if os.getppid() != cfg["parent_pid"]:
         return 1
     try:
-        code_fd = int(cfg["code_fd"])
-        chunks = []
-        while chunk := os.read(code_fd, 1 << 20):
-            chunks.append(chunk)
-        os.close(code_fd)
-        code = b"".join(chunks)
         root = os.geteuid() == 0
         uid, gid = (UID_BASE + os.getpid(),) * 2 if root else (os.getuid(), os.getgid())
         layers: dict[str, bool] = {}
@@ -742,4 +888,4 @@ def _launch(cfg: dict[str, Any]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(_launch(json.loads(sys.argv[1])))
+    sys.exit(_launch(*_read_config(int(sys.argv[1]), sys.argv[2:])))
