@@ -13,6 +13,7 @@ import math
 import random
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,25 @@ def build_optimizer(model: torch.nn.Module, t: TrainConfig):
     optimizer = torch.optim.AdamW(params, lr=t.lr, betas=t.betas, weight_decay=t.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / (t.warmup_steps + 1)))
     return optimizer, scheduler
+
+
+CALLBACK_EVENTS = ("on_step", "on_eval", "on_checkpoint")
+
+
+def _notify(callbacks: Sequence[Any], event: str, step: int, payload: Any) -> bool:
+    """Call `event` on every callback that has it (a plain function is an `on_step`); True if one asks to stop."""
+    stop = False
+    for cb in callbacks:
+        fn = getattr(cb, event, None)
+        if fn is None and event == "on_step" and callable(cb) and not any(hasattr(cb, e) for e in CALLBACK_EVENTS):
+            fn = cb
+        if fn is not None and fn(step, payload) is True:
+            stop = True
+    return stop
+
+
+def _eval_part(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in row.items() if k.startswith("eval")}
 
 
 class NonFiniteUpdates(RuntimeError):
@@ -104,6 +124,7 @@ class Trainer:
         self._poisoned = False  # a micro-batch of the pending update had a non-finite loss
         self.wall_offset = 0.0
         self.entropy_stats: EntropyStats | None = None  # of the last batch (HAPO ĥ)
+        self.stopped_early = False  # a callback asked to stop
 
     # ---------------------------------------------------------------- setup
 
@@ -589,7 +610,14 @@ class Trainer:
     def _due(self, every: int) -> bool:
         return (every > 0 and self.step % every == 0) or self.done()
 
-    def run(self, resume: bool = False) -> dict[str, float]:
+    def run(self, resume: bool = False, callbacks: Sequence[Any] = ()) -> dict[str, float]:
+        """Train to the end of the budget (or until a callback asks to stop); the last metrics row.
+
+        `callbacks` are objects with any of `on_step(step, row)`, `on_eval(step, eval_metrics)`,
+        `on_checkpoint(step, path)`, or plain functions (called as `on_step`). `on_step` or
+        `on_eval` returning True stops the run after that step: a checkpoint and `final/` are
+        written as at the end, so `--resume` can continue it.
+        """
         self.run_dir.mkdir(parents=True, exist_ok=True)
         resumed = resume and self.resume()
         for log in (self.PROMPT_LOG, self.ROLLOUT_LOG):
@@ -617,6 +645,7 @@ class Trainer:
                 crash_point("metrics", 0)
                 writer.write(row)
                 last.update(row)
+                _notify(callbacks, "on_eval", 0, _eval_part(row))
             with Progress(self.max_steps, enabled=self.recipe.log.progress, start_step=self.step,
                           total_tokens=self.recipe.budget.max_tokens) as progress:
                 while not self.done():
@@ -636,11 +665,18 @@ class Trainer:
                         self.step, reward=row.get("reward"), pass_rate=row.get("pass_rate"),
                         tokens_per_s=row["tokens_per_s"], tokens=row["tokens"],
                     )
-                    saved = self._due(self.recipe.checkpoint.every)
+                    stop = _notify(callbacks, "on_step", self.step, row)
+                    if "eval/pass@1" in row:
+                        stop = _notify(callbacks, "on_eval", self.step, _eval_part(row)) or stop
+                    saved = self._due(self.recipe.checkpoint.every) or stop
                     if saved:
-                        self.save_checkpoint()
+                        path = self.save_checkpoint()
+                        _notify(callbacks, "on_checkpoint", self.step, path)
                     if self.bad_updates_in_a_row >= MAX_BAD_UPDATES:
                         self._stop_non_finite(saved)
+                    if stop:
+                        self.stopped_early = True
+                        break
             self.save_final()
         finally:
             writer.close()

@@ -1,0 +1,85 @@
+"""The Python API (adarl.api): recipes from dicts, training with callbacks and early stop, eval, compare."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from adarl import api
+from adarl.config import RecipeError
+from adarl.train import checkpoint
+from test_train import recipe_data, write_task
+
+
+@pytest.fixture
+def data(tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))
+    return recipe_data(tiny_model_dir, write_task(tmp_path), budget={"max_steps": 6, "prompts_per_step": 2},
+                       allocate={"name": "fixed", "n": 3}, eval={"every": 2, "at_start": True},
+                       checkpoint={"every": 2}, log={"tensorboard": False, "progress": False})
+
+
+def test_load_recipe_from_a_dict_with_overrides(data):
+    r = api.load_recipe(data, {"train.lr": 0.5, "rollout.stop": ["x"]})
+    assert r.train.lr == 0.5 and r.rollout.stop == ["x"] and r.budget.max_steps == 6
+    assert api.load_recipe(r, ["budget.max_steps=2"]).budget.max_steps == 2
+    with pytest.raises(RecipeError, match="unknown key 'rollout.temprature'; did you mean 'temperature'"):
+        api.load_recipe(data, {"rollout.temprature": 0.5})  # the CLI's message
+
+
+def test_train_with_callbacks_stops_early_and_resumes(data, tmp_path):
+    seen: dict[str, list] = {"step": [], "eval": [], "checkpoint": [], "plain": []}
+
+    class Watch:
+        def on_step(self, step, row):
+            seen["step"].append((step, row["reward"]))
+            return step == 3  # stop after step 3 of 6
+
+        def on_eval(self, step, metrics):
+            seen["eval"].append((step, sorted(metrics)))
+
+        def on_checkpoint(self, step, path):
+            seen["checkpoint"].append((step, Path(path).name))
+
+    run = tmp_path / "run"
+    last = api.train(data, run, callbacks=[Watch(), lambda step, row: seen["plain"].append(step)])
+    assert last["step"] == 3 and [s for s, _ in seen["step"]] == [1, 2, 3] and seen["plain"] == [1, 2, 3]
+    assert [s for s, _ in seen["eval"]] == [0, 2] and "eval/pass@1" in seen["eval"][0][1]
+    # every 2 steps, and at the stop, so the run can be continued
+    assert seen["checkpoint"] == [(2, "step_000002"), (3, "step_000003")]
+    assert (run / "final" / "config.json").is_file()
+    # the same checks as the CLI: a second run into the directory must resume
+    with pytest.raises(RecipeError, match="already holds a run"):
+        api.train(data, run)
+    last = api.train(None, run, resume=True)
+    assert last["step"] == 6
+
+
+def test_run_dir_that_is_a_file_is_refused(data, tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(RecipeError, match="a file is there"):
+        api.train(data, tmp_path / "file")
+
+
+def test_evaluate_and_compare_from_python(data, tmp_path):
+    run = tmp_path / "run"
+    api.train(data, run, overrides={"budget.max_steps": 2})
+    result = api.evaluate(run, k=[1, 2], out=tmp_path / "eval.json")
+    (task,) = result["tasks"].values()
+    assert 0.0 <= task["pass@k"]["1"] <= task["pass@k"]["2"] <= 1.0 and (tmp_path / "eval.json").is_file()
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump({**data, "eval": {"every": 1, "at_start": True}}))
+    out = api.compare([recipe], budget_tokens=60, seeds=1, out=tmp_path / "cmp", echo=lambda _: None)
+    assert out["recipes"][0]["runs"][0]["status"] == "finished"
+    assert (tmp_path / "cmp" / "comparison.json").is_file()
+    with pytest.raises(ValueError, match="at least 1"):
+        api.compare([recipe], budget_tokens=0)
+
+
+def test_checkpoints_listed(data, tmp_path):
+    api.train(data, tmp_path / "run", overrides={"budget.max_steps": 2})
+    assert [p.name for p in checkpoint.list_checkpoints(tmp_path / "run" / "checkpoints")] == ["step_000002"]
