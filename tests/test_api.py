@@ -83,3 +83,28 @@ def test_evaluate_and_compare_from_python(data, tmp_path):
 def test_checkpoints_listed(data, tmp_path):
     api.train(data, tmp_path / "run", overrides={"budget.max_steps": 2})
     assert [p.name for p in checkpoint.list_checkpoints(tmp_path / "run" / "checkpoints")] == ["step_000002"]
+
+
+def test_rows_bar_reports_each_quarter_off_a_terminal():
+    import io
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from adarl.metrics.progress import RowsBar
+
+    out = io.StringIO()
+    with RowsBar("task greedy", 8, console=Console(file=io.StringIO(), force_terminal=False), stream=out) as bar:
+        for done in range(9):
+            assert bar.observe(SimpleNamespace(rows_finished=done)) is False  # never stops generation
+    lines = out.getvalue().splitlines()
+    assert [line.split(" (")[0] for line in lines] == [f"task greedy: {k}/8 rows" for k in (2, 4, 6, 8)]
+
+
+def test_evaluate_shows_progress(data, tmp_path, capfd):
+    run = tmp_path / "run"
+    api.train(data, run, overrides={"budget.max_steps": 1})
+    capfd.readouterr()
+    api.evaluate(run, k=[1, 2])
+    err = capfd.readouterr().err
+    assert "greedy: 4/4 rows" in err and "2 samples: 8/8 rows" in err

@@ -257,6 +257,7 @@ def evaluate_task(generator, tokenizer, task: EvalTask, *, ks: list[int], n: int
     tasks evaluated before it. Returns the task's summary (JSON-ready, with per-problem c/n) and
     the per-problem results.
     """
+    from adarl.metrics.progress import RowsBar
     from adarl.models import chat_ids
     from adarl.rewards import Rewards
     from adarl.tasks.base import build_task
@@ -271,12 +272,16 @@ def evaluate_task(generator, tokenizer, task: EvalTask, *, ks: list[int], n: int
     generator.rng.set_state({"seed": seed, "calls": 0})
     rewards = Rewards(task.rewards, workers=workers, timeout_s=timeout_s)
     try:
-        greedy = generator.generate([Request(p.id, prompt_ids[p.id], 1) for p in problems], greedy=True)
+        with RowsBar(f"{task.name} greedy", len(problems)) as bar:
+            greedy = generator.generate([Request(p.id, prompt_ids[p.id], 1) for p in problems], greedy=True,
+                                        stop_when=bar.observe)
         g_groups = [Group(p, prompt_ids[p.id], [r]) for p, r in zip(problems, greedy, strict=True)]
         rewards.score(g_groups)
         s_groups: list[Any] = [None] * len(problems)
         if n > 0:
-            sampled = generator.generate([Request(p.id, prompt_ids[p.id], n) for p in problems])
+            with RowsBar(f"{task.name} {n} samples", len(problems) * n) as bar:
+                sampled = generator.generate([Request(p.id, prompt_ids[p.id], n) for p in problems],
+                                             stop_when=bar.observe)
             s_groups = [Group(p, prompt_ids[p.id], sampled[i * n:(i + 1) * n]) for i, p in enumerate(problems)]
             rewards.score(s_groups)
     finally:

@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Iterator, Mapping
@@ -161,13 +162,19 @@ def _sync_special_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
 def convert_gguf(gguf: Path, dest: Path) -> Path:
     """Dequantise ``gguf`` into a plain float32 HF folder at ``dest`` (written to a temp folder,
     checked, then renamed into place). Returns ``dest``."""
+    from rich.console import Console
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     t0 = time.perf_counter()
+    console = Console(stderr=True)
+    message = f"converting {gguf.name} to a Hugging Face folder (once; later loads take ~2 s)"
+    if not console.is_terminal:
+        print(message, file=sys.stderr, flush=True)
     try:
-        where = dict(gguf_file=gguf.name, local_files_only=True)
-        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), **where)
-        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), dtype=torch.float32, **where)
+        with console.status(message) if console.is_terminal else contextlib.nullcontext():
+            where = dict(gguf_file=gguf.name, local_files_only=True)
+            tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), **where)
+            model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), dtype=torch.float32, **where)
     except Exception as err:
         raise RuntimeError(f"could not load GGUF file {gguf} with transformers: {err}") from err
     if tokenizer.pad_token is None:

@@ -138,3 +138,43 @@ class Progress:
             self._bar.console.print(message)
         else:
             print(message, file=self.stream or sys.stdout, flush=True)
+
+
+class RowsBar:
+    """Progress over the rows of one `generate` call (held-out evaluation): pass `stop_when=bar.observe`.
+
+    On a terminal a rich bar on stderr; otherwise a plain line at each quarter. It never stops
+    the generation it watches.
+    """
+
+    def __init__(self, description: str, total: int, console: Console | None = None,
+                 stream: TextIO | None = None) -> None:
+        self.description, self.total = description, total
+        self.console = console or Console(stderr=True)
+        self.stream = stream
+        self._bar: RichProgress | None = None
+        self._quarter = 0
+        self._t0 = time.monotonic()
+
+    def __enter__(self) -> RowsBar:
+        if self.console.is_terminal:
+            self._bar = RichProgress(TextColumn(f"[bold]{self.description}"), BarColumn(), MofNCompleteColumn(),
+                                     TimeElapsedColumn(), console=self.console, transient=True)
+            self._bar.start()
+            self._task = self._bar.add_task("rows", total=self.total)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+
+    def observe(self, progress: Any) -> bool:
+        done = int(progress.rows_finished)
+        if self._bar is not None:
+            self._bar.update(self._task, completed=done)
+        elif self.total and done * 4 >= (self._quarter + 1) * self.total:
+            self._quarter = done * 4 // self.total
+            print(f"{self.description}: {done}/{self.total} rows ({format_duration(time.monotonic() - self._t0)})",
+                  file=self.stream or sys.stderr, flush=True)
+        return False
