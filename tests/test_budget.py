@@ -170,3 +170,33 @@ def test_token_cap_stops_generation_before_passing_it():
     assert m["tokens_generated"] <= 20
     assert m["rollouts_started"] == 8
     assert len(out) + m["rollouts_cut_by_budget"] == 8  # cut rows are left out, never scored
+
+
+def test_trainer_holds_the_token_cap_in_every_mode(tiny_model_dir, tmp_path, monkeypatch):
+    """End to end on the tiny model: 4 prompts × 4 rollouts of up to 8 tokens want up to 128 tokens a
+    step; tokens_per_step 40 must hold in every step of every mode, and the runs must finish."""
+    import json
+    from pathlib import Path
+
+    from adarl.config import load_recipe
+    from adarl.train.trainer import Trainer
+    from test_train import recipe_data, write_task
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    task = write_task(tmp_path)
+    for mode in ({"mode": "sync"}, {"mode": "partial", "over_provision": 2.0},
+                 {"mode": "async", "eta": 1, "over_provision": 2.0}):
+        data = recipe_data(tiny_model_dir, task, budget={"max_steps": 4, "prompts_per_step": 4,
+                                                         "tokens_per_step": 40},
+                           allocate={"name": "fixed", "n": 4}, log={"tensorboard": False, "progress": False},
+                           rollout={"temperature": 1.0, "max_new_tokens": 8, "scheduler": mode})
+        if mode["mode"] != "sync":
+            data["loss"] = {"name": "decoupled_ppo"}
+        run = tmp_path / mode["mode"]
+        Trainer(load_recipe(data=data), run).run()
+        rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if '"groups"' in x]
+        assert len(rows) == 4, mode
+        assert all(r["step_tokens"] <= 40 for r in rows), [r["step_tokens"] for r in rows]
+        assert sum(r["step_tokens"] for r in rows) > 0
+        # the budget binds: fewer than the 16 rollouts a step would start without it
+        assert min(r["step_rollouts"] for r in rows) < 16, [r["step_rollouts"] for r in rows]
