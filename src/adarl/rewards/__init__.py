@@ -2,8 +2,10 @@
 
 `Rewards` composes the configured rewards (``RewardConfig``) and scores whole groups of rollouts.
 math-verify, user functions and code rewards (whose programs run in `sandbox`) always run in
-spawned worker processes (`WorkerPool`) with a wall-clock timeout, so a hanging, crashing or
-memory-hungry verifier scores 0 and is counted, never raised; the cheap pure-Python scorers
+supervised worker processes (`WorkerPool`) with a wall-clock timeout, so a hanging, crashing or
+memory-hungry verifier scores 0 and is counted, never raised. Each user function has workers of
+its own, and no built-in scorer runs in a process where user code ran: user modules are imported
+only in workers (validation included), never in this process. The cheap pure-Python scorers
 (short answers, the default format check) run in-process behind a guard that turns any
 exception into a counted error.
 
@@ -25,7 +27,7 @@ from adarl.rewards import code as code_reward
 from adarl.rewards import format as format_reward
 from adarl.rewards import math as math_reward
 from adarl.rewards import short_answer
-from adarl.rewards.pool import Job, WorkerPool
+from adarl.rewards.pool import Job, WorkerPool, printable
 
 if TYPE_CHECKING:
     from adarl.config import RewardConfig
@@ -36,11 +38,31 @@ __all__ = ["Rewards", "WorkerPool", "reward_name", "validate_callable"]
 log = logging.getLogger(__name__)
 
 _WARNINGS_PER_REWARD = 3  # failure messages logged per reward before going quiet
+IMPORT_TIMEOUT_S = 60.0  # how long importing a user's reward module may take when it is validated
 
 
-def validate_callable(function: str) -> Callable[..., Any]:
-    """Import ``"package.module:function"`` in this process to fail fast with a clear ValueError."""
-    return user_fn.load_function(function)
+def validate_callable(function: str, timeout_s: float = IMPORT_TIMEOUT_S) -> Callable[..., Any]:
+    """Check that ``"package.module:function"`` imports and is callable, to fail fast and clearly.
+
+    The module is imported in a throwaway supervised worker with a timeout, never in this process,
+    so an import that exits, hangs, crashes, prints or patches builtins cannot touch the caller. A
+    one-line ValueError names the function and what happened. Returns the function when its module
+    is already imported here, else a `DeferredFunction` that imports it only when called.
+    """
+    module_name, _ = user_fn.parse_spec(function)
+    with WorkerPool(1, timeout_s, memory_limit_mb=None) as pool:
+        [(value, status)] = pool.run([(user_fn.check_function, (function,))])
+        message = pool.errors[0][1] if pool.errors else ""
+    where = f"reward function {function!r}: importing {module_name!r}"
+    if status == "ok" and value:
+        raise ValueError(printable(str(value)))
+    if status == "timeout":
+        raise ValueError(f"{where} timed out after {timeout_s:g} s")
+    if status == "crashed":
+        raise ValueError(f"{where} {message.removeprefix('worker ')}")
+    if status == "error":
+        raise ValueError(f"{where} raised {message}")
+    return user_fn.loaded_function(function) or user_fn.DeferredFunction(function)
 
 
 def reward_name(config: RewardConfig) -> str:
@@ -57,11 +79,13 @@ class Rewards:
 
     Args:
         configs: one `RewardConfig` per reward; names (given or default) must be unique.
-        workers: worker processes for math-verify and user functions.
+        workers: worker processes for the built-in pooled scorers, and as many again for each user
+            function (each has its own, so one cannot change another's scores).
         timeout_s: wall-clock seconds one completion may take in a worker before it is killed
             (math-verify's own per-step timeouts are a third of it, at least 1 s).
         memory_limit_mb: address space each worker may add (MemoryError beyond it); None: no cap.
-        validate: import user functions here first, so a typo fails now rather than every step.
+        validate: check now (`validate_callable`: an isolated import) that each user function loads,
+            so a typo fails now rather than every step.
     """
 
     def __init__(self, configs: Sequence[RewardConfig], workers: int = 2, timeout_s: float = 10.0, *,
@@ -79,7 +103,9 @@ class Rewards:
         # With no reward marked for correctness (e.g. only a format reward), every reward counts.
         self.correctness: tuple[bool, ...] = tuple(marked) if any(marked) else (True,) * len(marked)
         self.math_timeout_s = max(1, int(timeout_s / 3))
-        preload = []
+        preload = []  # of the built-in scorers' workers; each user function has workers of its own
+        self.domains = tuple(f"reward:{name}" if c.type == "callable" else "" for c, name in
+                             zip(self.configs, self.names, strict=True))
         for c in self.configs:
             if c.type == "format" and c.pattern is not None:
                 format_reward.compile_pattern(c.pattern)
@@ -87,15 +113,17 @@ class Rewards:
                 assert c.function is not None
                 if validate:
                     validate_callable(c.function)
-                preload.append(c.function.partition(":")[0].strip())
             if c.type == "math":
                 preload.append("math_verify")
             if c.type == "code":
                 caps = code_reward.sandbox.sandbox_capabilities()  # logs any missing layer once
                 if "error" in caps:
                     raise ValueError(f"code reward: the sandbox does not work here: {caps['error']}")
+        user_modules = {domain: (user_fn.parse_spec(c.function)[0],)
+                        for c, domain in zip(self.configs, self.domains, strict=True) if c.function and domain}
         self.pool = WorkerPool(workers, timeout_s, memory_limit_mb=memory_limit_mb,
-                               preload=tuple(dict.fromkeys(preload)))
+                               preload=tuple(dict.fromkeys(preload)), domains=user_modules,
+                               startup_timeout_s=max(IMPORT_TIMEOUT_S, timeout_s))
         self._warned: Counter[str] = Counter()
 
     # ------------------------------------------------------------------ scoring
@@ -145,6 +173,7 @@ class Rewards:
         raw = np.zeros((len(rows), len(self.configs)), dtype=np.float64)
         failures: Counter[str] = Counter()
         jobs: list[Job] = []
+        domains: list[str] = []
         where: list[tuple[int, int]] = []
         for j, config in enumerate(self.configs):
             local = self._in_process(config)
@@ -152,6 +181,7 @@ class Rewards:
                 text = rollout.text or ""
                 if not local:
                     jobs.append(self._job(config, group, text))
+                    domains.append(self.domains[j])
                     where.append((i, j))
                     continue
                 try:
@@ -160,15 +190,17 @@ class Rewards:
                     failures["error"] += 1
                     self._warn(self.names[j], "error", repr(exc))
         if jobs:
-            results = self.pool.run(jobs)
+            results = self.pool.run(jobs, domains)
             messages = dict(self.pool.errors)
             for n, ((i, j), (value, status)) in enumerate(zip(where, results, strict=True)):
                 if status == "ok":
                     try:
+                        if type(value) not in (float, int, bool):
+                            raise TypeError(f"a {type(value).__name__} came back, not a number")
                         value = float(value)
                         if not _math.isfinite(value):
                             raise ValueError(f"non-finite score {value}")
-                    except (TypeError, ValueError) as exc:
+                    except (TypeError, ValueError, OverflowError) as exc:
                         status, messages[n] = "error", repr(exc)
                     else:
                         raw[i, j] = value

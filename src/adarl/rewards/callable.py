@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import math
 import numbers
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -25,11 +26,17 @@ def function_name(spec: str) -> str:
     return spec.rpartition(":")[2].rpartition(".")[2] or spec
 
 
-def load_function(spec: str) -> RewardFn:
-    """Import ``"package.module:function"``; a ValueError says what is wrong with it."""
+def parse_spec(spec: str) -> tuple[str, str]:
+    """``(module, attribute)`` of ``"package.module:function"``; a ValueError if it is not of that form."""
     module_name, sep, attr = spec.strip().partition(":")
     if not sep or not module_name or not attr:
         raise ValueError(f"reward function {spec!r} must look like 'package.module:function'")
+    return module_name, attr
+
+
+def load_function(spec: str) -> RewardFn:
+    """Import ``"package.module:function"``; a ValueError says what is wrong with it."""
+    module_name, attr = parse_spec(spec)
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
@@ -50,6 +57,38 @@ def load_function(spec: str) -> RewardFn:
     if not callable(obj):
         raise ValueError(f"reward function {spec!r} is a {type(obj).__name__}, not a function")
     return obj
+
+
+def check_function(spec: str) -> str:
+    """Run in a throwaway worker by `adarl.rewards.validate_callable`: "" if `spec` loads, else why not."""
+    try:
+        load_function(spec)
+    except ValueError as exc:
+        return str(exc)
+    return ""
+
+
+def loaded_function(spec: str) -> RewardFn | None:
+    """The function if its module is already imported in this process (importing nothing), else None."""
+    module_name, attr = parse_spec(spec)
+    obj: Any = sys.modules.get(module_name)
+    for part in attr.split(".") if obj is not None else ():
+        obj = getattr(obj, part, None)
+    return obj if callable(obj) else None
+
+
+class DeferredFunction:
+    """Stands for a validated function whose module this process has not imported (and will not
+    until it is called): `validate_callable` returns one so that checking runs no user code here."""
+
+    def __init__(self, spec: str) -> None:
+        self.spec = spec
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return _get(self.spec)(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<reward function {self.spec!r}, not imported in this process>"
 
 
 def _get(spec: str) -> RewardFn:
