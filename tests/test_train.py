@@ -128,7 +128,7 @@ def test_zero_variance_groups_cost_no_backward(tiny_model_dir, tmp_path, tests_o
     trainer = Trainer(recipe, tmp_path / "run")
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     calls = []
-    monkeypatch.setattr(trainer, "_micro_step", lambda *a, **k: calls.append(a))
+    monkeypatch.setattr(trainer.learner, "_micro_step", lambda *a, **k: calls.append(a))
     from adarl.types import Batch
 
     step_batch = {}

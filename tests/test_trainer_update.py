@@ -12,7 +12,8 @@ import torch
 
 from adarl.config import load_recipe
 from adarl.metrics.step import StepMetrics
-from adarl.train.trainer import Trainer, build_optimizer
+from adarl.train.learner import Learner, build_optimizer
+from adarl.train.trainer import Trainer
 from adarl.types import Batch
 from test_train import recipe_data, write_task
 
@@ -44,19 +45,19 @@ def train_once(trainer: Trainer, batch: Batch, start: dict, **train) -> tuple[li
             p.copy_(start[name])
     for key, value in train.items():
         setattr(trainer.recipe.train, key, value)
-    trainer.optimizer, trainer.scheduler = build_optimizer(trainer.model, trainer.recipe.train)
+    learner = trainer.learner
+    learner.optimizer, learner.scheduler = build_optimizer(trainer.model, trainer.recipe.train)
     grads: list[dict] = []
-    step = Trainer._optimizer_step
 
     def capture(self):
         grads.append({n: p.grad.clone() for n, p in self.model.named_parameters() if p.grad is not None})
-        return step(self)
+        return Learner.optim_step(self)
 
-    trainer._optimizer_step = capture.__get__(trainer)
+    learner.optim_step = capture.__get__(learner)
     try:
         metrics = trainer.update(batch)
     finally:
-        del trainer._optimizer_step
+        del learner.optim_step
     return grads, metrics
 
 
@@ -76,15 +77,17 @@ def test_bapo_bounds_do_not_depend_on_micro_batches(trainer_and_batch):
     trainer, batch = trainer_and_batch(loss={"name": "bapo"}, train={"lr": 0.05, "micro_batch_tokens": 64,
                                                                       "mini_batches": 2})
     start = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
-    trainer.np_rng = np.random.default_rng(7)
+    trainer.learner.rng = np.random.default_rng(7)
     small, m_small = train_once(trainer, batch, start, micro_batch_tokens=24)
-    trainer.np_rng = np.random.default_rng(7)  # the same split into mini-batches
+    trainer.learner.rng = np.random.default_rng(7)  # the same split into mini-batches
     whole, m_whole = train_once(trainer, batch, start, micro_batch_tokens=100_000)
     for key in ("bapo_c_low", "bapo_c_high", "bapo_positive_share"):
         assert m_small[key] == pytest.approx(m_whole[key], rel=1e-5), key
+    # the second mini-batch's gradient follows an Adam step at lr 0.05, which amplifies float rounding
+    # (seen: 2e-6 on values up to 0.06); bounds searched per micro-batch change it by percents
     for a, b in zip(small, whole, strict=True):
         for name in b:
-            torch.testing.assert_close(a[name], b[name], rtol=1e-3, atol=1e-6, msg=name)
+            assert float((a[name] - b[name]).norm()) <= 1e-4 * float(b[name].norm()) + 1e-7, name
 
 
 def test_epochs_reuse_the_proximal_policy(trainer_and_batch):

@@ -60,6 +60,21 @@ class PolicyLoss:
         they do not depend on how the trainer splits the mini-batch. The default does nothing.
         """
 
+    @property
+    def requires(self) -> frozenset[str]:
+        """The `LossInputs` fields beyond logp, old_logp, adv and mask that this loss reads: the
+        learner computes exactly these (a reference forward only when KL is on, and so on)."""
+        need = set()
+        if self.kl_coef > 0:
+            need.add("ref_logp")
+        if self.entropy_coef > 0:
+            need.add("entropy_live")
+        if self.needs_behaviour:
+            need.add("beh_logp")
+        if self.needs_entropy:
+            need |= {"entropy", "entropy_norm"}
+        return frozenset(need)
+
     def surrogate(self, x: LossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The method's own (B, T) per-token loss and per-token statistics (averaged over `mask`)."""
         raise NotImplementedError

@@ -23,8 +23,8 @@ from adarl.metrics.sinks import MetricsWriter
 from adarl.models import chat_ids, load_model
 from adarl.tasks.base import build_task
 from adarl.train import checkpoint
+from adarl.train.learner import build_optimizer
 from adarl.train.logprobs import micro_batches, pack
-from adarl.train.trainer import build_optimizer
 from adarl.types import Problem
 
 

@@ -23,9 +23,7 @@ import torch
 from adarl import registry
 from adarl.allocate.base import plan_spares
 from adarl.budget import Budget
-from adarl.config import AdaptiveTemperature, Recipe, TrainConfig, dump_recipe, resolve_backend
-from adarl.loss.aggregate import sequence_weights
-from adarl.loss.base import LossInputs
+from adarl.config import AdaptiveTemperature, Recipe, dump_recipe, resolve_backend
 from adarl.metrics.progress import Progress
 from adarl.metrics.sinks import MetricsWriter, read_jsonl
 from adarl.metrics.step import StepMetrics
@@ -39,19 +37,11 @@ from adarl.tokens.base import batch_entropies
 from adarl.tokens.entropy import EntropyStats
 from adarl.train import checkpoint
 from adarl.train.checkpoint import crash_point
-from adarl.train.logprobs import completion_logprobs, micro_batches, pack
+from adarl.train.learner import Learner
 from adarl.types import Batch, Group, Problem, Request, Rollout, merge
 
 TIMING_KEYS = ("generate_s", "verify_s", "train_s", "weight_sync_s", "eval_s", "step_s", "tokens_per_s", "wall_s")
 MAX_BAD_UPDATES = 3  # updates in a row with a non-finite loss or gradient that stop the run
-
-
-def build_optimizer(model: torch.nn.Module, t: TrainConfig):
-    """AdamW over the trainable parameters, with a linear warm-up over `t.warmup_steps`."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=t.lr, betas=t.betas, weight_decay=t.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / (t.warmup_steps + 1)))
-    return optimizer, scheduler
 
 
 CALLBACK_EVENTS = ("on_step", "on_eval", "on_checkpoint")
@@ -97,9 +87,9 @@ class Trainer:
         self.rewards = Rewards(recipe.rewards, workers=recipe.reward_workers, timeout_s=recipe.reward_timeout_s)
         self.model, self.tokenizer = load_model(recipe.model, for_training=True)
         self.shapings = [registry.build("shaping", spec) for spec in recipe.shaping]
-        self.loss_fn = registry.build("loss", recipe.loss)
+        loss = registry.build("loss", recipe.loss)
         self.reference = None
-        if self.loss_fn.kl_coef > 0 and recipe.model.lora is None:
+        if loss.kl_coef > 0 and recipe.model.lora is None:
             self.reference = load_reference(recipe.model)
         self.selector = registry.build("select", recipe.select)
         self.allocator = registry.build("allocate", recipe.allocate)
@@ -113,18 +103,41 @@ class Trainer:
                              recipe.budget.rollouts_per_step, expected_length=recipe.rollout.max_new_tokens)
         self.np_rng = np.random.default_rng(recipe.seed)
         self.store = DifficultyStore([p.id for p in self.task.train])
-        t = recipe.train
-        self.optimizer, self.scheduler = build_optimizer(self.model, t)
-        if t.gradient_checkpointing:
+        if recipe.train.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
         self.pad_id = self.generator.pad_id
+        self.learner = Learner(self.model, loss, recipe.train, temperature=recipe.rollout.temperature,
+                               pad_id=self.pad_id, rng=self.np_rng, reference=self.reference,
+                               max_len=recipe.loss.get("max_len") or recipe.rollout.max_new_tokens)
         self._prompt_cache: dict[str, list[int]] = {}
-        self.skipped_updates = 0  # optimizer updates skipped for a non-finite loss or gradient
-        self.bad_updates_in_a_row = 0
-        self._poisoned = False  # a micro-batch of the pending update had a non-finite loss
         self.wall_offset = 0.0
         self.entropy_stats: EntropyStats | None = None  # of the last batch (HAPO ĥ)
         self.stopped_early = False  # a callback asked to stop
+
+    @property
+    def loss_fn(self) -> Any:
+        """The recipe's policy loss (the learner's)."""
+        return self.learner.loss
+
+    @loss_fn.setter
+    def loss_fn(self, loss: Any) -> None:
+        self.learner.loss = loss
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self.learner.optimizer
+
+    @property
+    def scheduler(self) -> Any:
+        return self.learner.scheduler
+
+    @property
+    def skipped_updates(self) -> int:
+        return self.learner.skipped_updates
+
+    @property
+    def bad_updates_in_a_row(self) -> int:
+        return self.learner.bad_updates_in_a_row
 
     # ---------------------------------------------------------------- setup
 
@@ -346,157 +359,10 @@ class Trainer:
 
     # ---------------------------------------------------------------- update
 
-    def _micro_batches(self, order: list[int], lengths: list[int]) -> list[list[int]]:
-        return micro_batches(order, lengths, self.recipe.train.micro_batch_tokens)
-
-    def _forward(self, batch_rows: list[tuple[list[int], list[int]]], grad: bool, model=None,
-                 entropy_grad: bool = False):
-        packed = pack([p for p, _ in batch_rows], [c for _, c in batch_rows], self.pad_id)
-        with torch.set_grad_enabled(grad):
-            logp, ent = completion_logprobs(
-                model or self.model, packed, self.recipe.rollout.temperature, self.recipe.train.logit_chunk,
-                entropy_grad=entropy_grad,
-            )
-        return packed, logp, ent
-
-    def _reference_logprobs(self, rows) -> torch.Tensor:
-        with torch.no_grad():
-            if self.reference is not None:
-                return self._forward(rows, grad=False, model=self.reference)[1]
-            with self.model.disable_adapter():  # LoRA: the base model is the reference
-                return self._forward(rows, grad=False)[1]
-
     def update(self, batch: Batch, weights: list[np.ndarray] | None = None) -> dict[str, float]:
         crash_point("backward", self.step + 1)
-        skipped_before = self.skipped_updates
-        rollouts = batch.rollouts
-        prompts = [g.prompt_ids for g in batch.groups for _ in g.rollouts]
-        rows = [(p, r.completion_ids) for p, r in zip(prompts, rollouts, strict=True)]
-        lengths = [len(p) + len(c) for p, c in rows]
-        adv = batch.advantages
-        if weights is None:
-            weights = [np.ones(len(r)) for r in rollouts]
-        kept = [int((w > 0).sum()) for w in weights]  # tokens in the loss and in agg's count
-        kl_on = self.loss_fn.kl_coef > 0
-        every_rollout = kl_on or self.loss_fn.entropy_coef > 0  # terms that do not vanish with A = 0
-        loss_cfg = self.recipe.loss
-        max_len = loss_cfg.get("max_len") or self.recipe.rollout.max_new_tokens
-        t = self.recipe.train
-        on_policy = t.mini_batches == 1 and t.epochs == 1
-        # rollouts whose advantage is 0 carry no policy gradient: no forward/backward for them;
-        # rollouts whose tokens were all dropped by token weighting are not in the batch at all
-        in_batch = [i for i in range(len(rollouts)) if kept[i] > 0]
-        active = [i for i in in_batch if every_rollout or adv[i] != 0.0]
-        sums: dict[str, float] = {"tokens_trained": 0.0}
-        if not active:
-            return {"trained_fraction": 0.0, "skipped_updates": float(self.skipped_updates),
-                    "step_skipped_updates": 0.0}
-
-        self.model.train()
-        old_logp: dict[int, torch.Tensor] = {}
-        if not on_policy:  # the proximal policy ℓ_old, before any update of this step
-            for mb in self._micro_batches(active, lengths):
-                _, logp, _ = self._forward([rows[i] for i in mb], grad=False)
-                for j, i in enumerate(mb):
-                    old_logp[i] = logp[j, : len(rows[i][1])]
-
-        minibatches = np.array_split(np.asarray(in_batch)[self.np_rng.permutation(len(in_batch))], t.mini_batches)
-        grad_norms = []
-        active_set = set(active)
-        for _ in range(t.epochs):
-            for mb_all in minibatches:
-                mb_all = sorted(mb_all.tolist())
-                w_all = sequence_weights(np.array([kept[i] for i in mb_all]), self.loss_fn.agg, max_len)
-                weight = dict(zip(mb_all, w_all, strict=True))
-                todo = [i for i in mb_all if i in active_set]
-                if getattr(self.loss_fn, "needs_prepare", False):  # e.g. BAPO's bounds, once per mini-batch
-                    with torch.no_grad():
-                        self.loss_fn.prepare([self._loss_inputs(micro, rows, adv, weights, old_logp, on_policy,
-                                                                kl_on, rollouts, grad=False)[0]
-                                              for micro in self._micro_batches(todo, lengths)])
-                for micro in self._micro_batches(todo, lengths):
-                    self._micro_step(micro, rows, adv, weights, weight, old_logp, on_policy, kl_on, sums, rollouts)
-                grad_norms.append(self._optimizer_step())
-        n_tok = max(sums.pop("tokens_trained"), 1.0)
-        out = {k: v / n_tok for k, v in sums.items()}
-        out["grad_norm"] = float(np.mean(grad_norms))
-        out["trained_fraction"] = len(active) / len(rollouts)
-        if self.entropy_stats is not None and self.loss_fn.needs_entropy:
-            out["entropy_pivot"] = float(np.exp(self.entropy_stats.median))
-        out["skipped_updates"] = float(self.skipped_updates)
-        out["step_skipped_updates"] = float(self.skipped_updates - skipped_before)
-        return out
-
-    @staticmethod
-    def _padded(values: list, like: torch.Tensor) -> torch.Tensor:
-        """Right-pad per-rollout token sequences into a tensor shaped like `like` (B, T)."""
-        out = torch.zeros_like(like, dtype=torch.float32)
-        for j, v in enumerate(values):
-            out[j, : len(v)] = torch.as_tensor(np.asarray(v, dtype=np.float32))
-        return out
-
-    def _loss_inputs(self, micro, rows, adv, token_w, old_logp, on_policy, kl_on, rollouts,
-                     grad: bool = True) -> tuple[LossInputs, torch.Tensor]:
-        """The loss's inputs for rollouts `micro` at the current parameters, and the live entropies."""
-        entropy_grad = grad and self.loss_fn.entropy_coef > 0
-        packed, logp, ent = self._forward([rows[i] for i in micro], grad=grad, entropy_grad=entropy_grad)
-        tw = self._padded([token_w[i] for i in micro], logp)
-        mask = packed.completion_mask.float() * (tw > 0).float()
-        old = logp.detach() if on_policy else self._padded([old_logp[i] for i in micro], logp)
-        a = torch.tensor([adv[i] for i in micro], dtype=torch.float32)[:, None] * tw
-        x = LossInputs(logp=logp, old_logp=old, adv=a, mask=mask,
-                       ref_logp=self._reference_logprobs([rows[i] for i in micro]) if kl_on else None,
-                       beh_logp=self._padded([rollouts[i].logprobs for i in micro], logp)
-                       if self.loss_fn.needs_behaviour else None,
-                       entropy_live=ent if entropy_grad else None)
-        if self.loss_fn.needs_entropy:
-            x.entropy = self._padded([rollouts[i].entropies for i in micro], logp)
-            x.entropy_norm = self.entropy_stats.normalise(x.entropy)
-        return x, ent.detach()
-
-    def _micro_step(self, micro, rows, adv, token_w, weight, old_logp, on_policy, kl_on, sums, rollouts) -> None:
-        x, ent = self._loss_inputs(micro, rows, adv, token_w, old_logp, on_policy, kl_on, rollouts)
-        logp, mask = x.logp, x.mask
-        w = torch.tensor([weight[i] for i in micro], dtype=torch.float32)[:, None]
-        per_token, stats = self.loss_fn(x)
-        loss = (per_token * mask * w).sum()
-        if torch.isfinite(loss):
-            loss.backward()
-        else:  # never backpropagate NaN/inf into the gradients: the whole update is skipped
-            self._poisoned = True
-        # token-summed statistics; divided by the trained token count at the end of the step
-        sums["tokens_trained"] += float(mask.sum())
-        sums["loss"] = sums.get("loss", 0.0) + float((per_token.detach() * mask).sum())
-        sums["entropy"] = sums.get("entropy", 0.0) + float((ent * mask).sum())
-        # |ℓ_behaviour − ℓ_θ| per token: the sampler/trainer mismatch (hf ≈ 0; vllm: its kernels),
-        # plus the policy's own move when a step makes several updates
-        beh = x.beh_logp if x.beh_logp is not None else self._padded([rollouts[i].logprobs for i in micro], logp)
-        sums["behaviour_logp_gap"] = sums.get("behaviour_logp_gap", 0.0) + float(
-            ((beh - logp.detach()).abs() * mask).sum())
-        for key, value in stats.items():
-            sums[key] = sums.get(key, 0.0) + float((value * mask).sum())
-
-    def _optimizer_step(self) -> float:
-        """Apply the accumulated gradients, unless the loss or the gradient is not finite.
-
-        A skipped update leaves the weights, the optimizer moments and the lr schedule untouched
-        and is counted (`skipped_updates`); MAX_BAD_UPDATES in a row stop the run (`run`).
-        """
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        clip = self.recipe.train.max_grad_norm
-        norm = float("nan")
-        if not self._poisoned:
-            norm = float(torch.nn.utils.clip_grad_norm_(params, clip if clip is not None else float("inf")))
-        if np.isfinite(norm):
-            self.optimizer.step()
-            self.scheduler.step()
-            self.bad_updates_in_a_row = 0
-        else:  # a non-finite loss or gradient would poison the weights: skip the update and count it
-            self.skipped_updates += 1
-            self.bad_updates_in_a_row += 1
-        self._poisoned = False
-        self.optimizer.zero_grad(set_to_none=True)
-        return norm
+        self.learner.entropy_stats = self.entropy_stats
+        return self.learner.update(batch, weights)
 
     # ---------------------------------------------------------------- evaluation
 
@@ -550,12 +416,12 @@ class Trainer:
             "components": {name: c.state_dict() for name, c in self.components().items() if hasattr(c, "state_dict")},
             "generator": self.generator.state_dict(),
             "rollout_scheduler": self.rollouts.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
+            "scheduler": self.learner.scheduler.state_dict(),
             "np_rng": self.np_rng.bit_generator.state,
             "torch_rng": torch.get_rng_state(),
             "python_rng": random.getstate(),
-            "skipped_updates": self.skipped_updates,
-            "bad_updates_in_a_row": self.bad_updates_in_a_row,
+            "skipped_updates": self.learner.skipped_updates,
+            "bad_updates_in_a_row": self.learner.bad_updates_in_a_row,
             "wall_s": self.wall_offset,
             "store": self.store.state_dict(),
         }
@@ -571,12 +437,10 @@ class Trainer:
         self.generator.load_state_dict(state["generator"])
         if "rollout_scheduler" in state:
             self.rollouts.load_state_dict(state["rollout_scheduler"])
-        self.scheduler.load_state_dict(state["scheduler"])
+        self.learner.load_state_dict(state)
         self.np_rng.bit_generator.state = state["np_rng"]
         torch.set_rng_state(state["torch_rng"])
         random.setstate(state["python_rng"])
-        self.skipped_updates = state["skipped_updates"]
-        self.bad_updates_in_a_row = state.get("bad_updates_in_a_row", 0)
         self.wall_offset = state["wall_s"]
         self.store.load_state_dict(state["store"])
 

@@ -1,0 +1,229 @@
+"""The Learner: the policy update behind a small boundary.
+
+    learner.update(batch, token_weights) -> metrics      # a step: epochs × mini-batches of
+        learner.forward_backward(...)                    #   gradients of one mini-batch, micro-batched
+        learner.optim_step() -> grad norm                #   apply them (a non-finite update is skipped)
+    learner.state_dict() / load_state_dict()             # optimizer, lr schedule, skip counters
+
+The shape of the Tinker-style training APIs, so a remote backend can stand here later without
+touching the stages. It knows the loss only through its declared inputs (`PolicyLoss.requires`):
+it fills exactly those (reference log-probs, behaviour log-probs, recorded and live entropies),
+and the loss owns its aggregation (`agg`, `max_len`). Off-policy updates (several mini-batches or
+epochs) take ℓ_old from one forward before the first optimizer step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from adarl.config import TrainConfig
+from adarl.loss.aggregate import sequence_weights
+from adarl.loss.base import LossInputs, PolicyLoss
+from adarl.tokens.entropy import EntropyStats
+from adarl.train.logprobs import completion_logprobs, micro_batches, pack
+from adarl.types import Batch, Rollout
+
+
+def build_optimizer(model: torch.nn.Module, t: TrainConfig):
+    """AdamW over the trainable parameters, with a linear warm-up over `t.warmup_steps`."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=t.lr, betas=t.betas, weight_decay=t.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / (t.warmup_steps + 1)))
+    return optimizer, scheduler
+
+
+@dataclass
+class StepData:
+    """One step's update data, shared by its mini-batches: rollouts in batch order."""
+
+    rows: list[tuple[list[int], list[int]]]  # (prompt ids, completion ids)
+    lengths: list[int]
+    adv: np.ndarray
+    token_weights: list[np.ndarray]
+    rollouts: list[Rollout]
+    on_policy: bool  # one mini-batch, one epoch: ℓ_old = ℓ_θ detached
+    old_logp: dict[int, torch.Tensor] = field(default_factory=dict)  # ℓ_old when off-policy
+    sums: dict[str, float] = field(default_factory=lambda: {"tokens_trained": 0.0})  # token-summed metrics
+
+
+class Learner:
+    def __init__(self, model: torch.nn.Module, loss: PolicyLoss, cfg: TrainConfig, *, temperature: float,
+                 pad_id: int, max_len: int, rng: np.random.Generator, reference: torch.nn.Module | None = None):
+        self.model, self.loss, self.cfg = model, loss, cfg
+        self.temperature, self.pad_id, self.max_len, self.rng = temperature, pad_id, max_len, rng
+        self.reference = reference  # a frozen copy; None with LoRA (the base model without adapters is it)
+        self.optimizer, self.scheduler = build_optimizer(model, cfg)
+        self.skipped_updates = 0  # optimizer updates skipped for a non-finite loss or gradient
+        self.bad_updates_in_a_row = 0
+        self._poisoned = False  # a micro-batch of the pending update had a non-finite loss
+        self.entropy_stats: EntropyStats | None = None  # the batch's ĥ statistics, for losses that read them
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint needs besides the weights and `optimizer.state_dict()`."""
+        return {"scheduler": self.scheduler.state_dict(), "skipped_updates": self.skipped_updates,
+                "bad_updates_in_a_row": self.bad_updates_in_a_row}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.skipped_updates = state["skipped_updates"]
+        self.bad_updates_in_a_row = state.get("bad_updates_in_a_row", 0)
+
+    def _micro_batches(self, order: list[int], lengths: list[int]) -> list[list[int]]:
+        return micro_batches(order, lengths, self.cfg.micro_batch_tokens)
+
+    def _forward(self, batch_rows: list[tuple[list[int], list[int]]], grad: bool, model=None,
+                 entropy_grad: bool = False):
+        packed = pack([p for p, _ in batch_rows], [c for _, c in batch_rows], self.pad_id)
+        with torch.set_grad_enabled(grad):
+            logp, ent = completion_logprobs(model or self.model, packed, self.temperature, self.cfg.logit_chunk,
+                                            entropy_grad=entropy_grad)
+        return packed, logp, ent
+
+    def _reference_logprobs(self, rows) -> torch.Tensor:
+        with torch.no_grad():
+            if self.reference is not None:
+                return self._forward(rows, grad=False, model=self.reference)[1]
+            with self.model.disable_adapter():  # LoRA: the base model is the reference
+                return self._forward(rows, grad=False)[1]
+
+    def update(self, batch: Batch, weights: list[np.ndarray] | None = None) -> dict[str, float]:
+        """One step's update of a verified batch: `cfg.epochs` passes over `cfg.mini_batches` mini-batches,
+        each a `forward_backward` then an `optim_step`. `weights`: per-token weights (None: all 1)."""
+        skipped_before = self.skipped_updates
+        rollouts = batch.rollouts
+        prompts = [g.prompt_ids for g in batch.groups for _ in g.rollouts]
+        rows = [(p, r.completion_ids) for p, r in zip(prompts, rollouts, strict=True)]
+        weights = weights if weights is not None else [np.ones(len(r)) for r in rollouts]
+        t = self.cfg
+        data = StepData(rows=rows, lengths=[len(p) + len(c) for p, c in rows], adv=batch.advantages,
+                        token_weights=weights, rollouts=rollouts, on_policy=t.mini_batches == 1 and t.epochs == 1)
+        kept = [int((w > 0).sum()) for w in weights]  # tokens in the loss and in agg's count
+        # terms that do not vanish with A = 0 (KL, the entropy bonus) need every rollout
+        every_rollout = bool(self.loss.requires & {"ref_logp", "entropy_live"})
+        # rollouts whose advantage is 0 carry no policy gradient: no forward/backward for them;
+        # rollouts whose tokens were all dropped by token weighting are not in the batch at all
+        in_batch = [i for i in range(len(rollouts)) if kept[i] > 0]
+        active = [i for i in in_batch if every_rollout or data.adv[i] != 0.0]
+        if not active:
+            return {"trained_fraction": 0.0, "skipped_updates": float(self.skipped_updates),
+                    "step_skipped_updates": 0.0}
+
+        self.model.train()
+        if not data.on_policy:  # the proximal policy ℓ_old, before any update of this step
+            for mb in self._micro_batches(active, data.lengths):
+                _, logp, _ = self._forward([rows[i] for i in mb], grad=False)
+                for j, i in enumerate(mb):
+                    data.old_logp[i] = logp[j, : len(rows[i][1])]
+
+        minibatches = np.array_split(np.asarray(in_batch)[self.rng.permutation(len(in_batch))], t.mini_batches)
+        grad_norms = []
+        active_set = set(active)
+        for _ in range(t.epochs):
+            for mb_all in minibatches:
+                mb_all = sorted(mb_all.tolist())
+                w_all = sequence_weights(np.array([kept[i] for i in mb_all]), self.loss.agg, self.max_len)
+                self.forward_backward(data, [i for i in mb_all if i in active_set],
+                                      dict(zip(mb_all, w_all, strict=True)))
+                grad_norms.append(self.optim_step())
+        sums = data.sums
+        n_tok = max(sums.pop("tokens_trained"), 1.0)
+        out = {k: v / n_tok for k, v in sums.items()}
+        out["grad_norm"] = float(np.mean(grad_norms))
+        out["trained_fraction"] = len(active) / len(rollouts)
+        if self.entropy_stats is not None and self.loss.needs_entropy:
+            out["entropy_pivot"] = float(np.exp(self.entropy_stats.median))
+        out["skipped_updates"] = float(self.skipped_updates)
+        out["step_skipped_updates"] = float(self.skipped_updates - skipped_before)
+        return out
+
+    def forward_backward(self, data: StepData, todo: list[int], seq_weight: dict[int, float]) -> None:
+        """Accumulate the gradient of one mini-batch's rollouts `todo`, micro-batch by micro-batch.
+
+        `seq_weight` is each rollout's aggregation weight over the whole mini-batch (`agg`), so the
+        micro-batching never changes the loss. A loss that needs the whole mini-batch first
+        (`needs_prepare`, e.g. BAPO's bounds) gets every micro-batch's detached inputs once.
+        """
+        if getattr(self.loss, "needs_prepare", False):
+            with torch.no_grad():
+                self.loss.prepare([self._loss_inputs(data, micro, grad=False)[0]
+                                   for micro in self._micro_batches(todo, data.lengths)])
+        for micro in self._micro_batches(todo, data.lengths):
+            self._micro_step(data, micro, seq_weight)
+
+    @staticmethod
+    def _padded(values: list, like: torch.Tensor) -> torch.Tensor:
+        """Right-pad per-rollout token sequences into a tensor shaped like `like` (B, T)."""
+        out = torch.zeros_like(like, dtype=torch.float32)
+        for j, v in enumerate(values):
+            out[j, : len(v)] = torch.as_tensor(np.asarray(v, dtype=np.float32))
+        return out
+
+    def _loss_inputs(self, data: StepData, micro: list[int], grad: bool = True) -> tuple[LossInputs, torch.Tensor]:
+        """The inputs the loss declares (`requires`) for rollouts `micro` at the current parameters,
+        and the live entropies (for the metrics)."""
+        need = self.loss.requires
+        entropy_grad = grad and "entropy_live" in need
+        packed, logp, ent = self._forward([data.rows[i] for i in micro], grad=grad, entropy_grad=entropy_grad)
+        tw = self._padded([data.token_weights[i] for i in micro], logp)
+        mask = packed.completion_mask.float() * (tw > 0).float()
+        old = logp.detach() if data.on_policy else self._padded([data.old_logp[i] for i in micro], logp)
+        a = torch.tensor([data.adv[i] for i in micro], dtype=torch.float32)[:, None] * tw
+        x = LossInputs(logp=logp, old_logp=old, adv=a, mask=mask)
+        if "ref_logp" in need:
+            x.ref_logp = self._reference_logprobs([data.rows[i] for i in micro])
+        if "beh_logp" in need:
+            x.beh_logp = self._padded([data.rollouts[i].logprobs for i in micro], logp)
+        if "entropy_live" in need and entropy_grad:
+            x.entropy_live = ent
+        if "entropy" in need:
+            x.entropy = self._padded([data.rollouts[i].entropies for i in micro], logp)
+            x.entropy_norm = self.entropy_stats.normalise(x.entropy)
+        return x, ent.detach()
+
+    def _micro_step(self, data: StepData, micro: list[int], seq_weight: dict[int, float]) -> None:
+        x, ent = self._loss_inputs(data, micro)
+        logp, mask, sums = x.logp, x.mask, data.sums
+        w = torch.tensor([seq_weight[i] for i in micro], dtype=torch.float32)[:, None]
+        per_token, stats = self.loss(x)
+        loss = (per_token * mask * w).sum()
+        if torch.isfinite(loss):
+            loss.backward()
+        else:  # never backpropagate NaN/inf into the gradients: the whole update is skipped
+            self._poisoned = True
+        # token-summed statistics; divided by the trained token count at the end of the step
+        sums["tokens_trained"] += float(mask.sum())
+        sums["loss"] = sums.get("loss", 0.0) + float((per_token.detach() * mask).sum())
+        sums["entropy"] = sums.get("entropy", 0.0) + float((ent * mask).sum())
+        # |ℓ_behaviour − ℓ_θ| per token: the sampler/trainer mismatch (hf ≈ 0; vllm: its kernels),
+        # plus the policy's own move when a step makes several updates
+        beh = x.beh_logp if x.beh_logp is not None else self._padded([data.rollouts[i].logprobs for i in micro], logp)
+        sums["behaviour_logp_gap"] = sums.get("behaviour_logp_gap", 0.0) + float(
+            ((beh - logp.detach()).abs() * mask).sum())
+        for key, value in stats.items():
+            sums[key] = sums.get(key, 0.0) + float((value * mask).sum())
+
+    def optim_step(self) -> float:
+        """Apply the accumulated gradients, unless the loss or the gradient is not finite; the grad norm.
+
+        A skipped update leaves the weights, the optimizer moments and the lr schedule untouched
+        and is counted (`skipped_updates`); the trainer stops a run after several in a row.
+        """
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        clip = self.cfg.max_grad_norm
+        norm = float("nan")
+        if not self._poisoned:
+            norm = float(torch.nn.utils.clip_grad_norm_(params, clip if clip is not None else float("inf")))
+        if np.isfinite(norm):
+            self.optimizer.step()
+            self.scheduler.step()
+            self.bad_updates_in_a_row = 0
+        else:  # a non-finite loss or gradient would poison the weights: skip the update and count it
+            self.skipped_updates += 1
+            self.bad_updates_in_a_row += 1
+        self._poisoned = False
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm
