@@ -80,7 +80,7 @@ def test_staleness_never_exceeds_eta(model_and_tokenizer, prompts, eta):
         for step in range(6):
             needed, spare = requests(prompts, step)
             before = scheduler.next_id
-            rollouts = scheduler.run(needed, spare)
+            rollouts = scheduler.run(needed, spare).rollouts
             enqueued += scheduler.next_id - before
             returned += len(rollouts) // 3
             m = scheduler.metrics()
@@ -121,7 +121,7 @@ def test_eta0_tokens_are_the_training_models(model_and_tokenizer, prompts):
     try:
         for step in range(3):
             needed, spare = requests(prompts, step)
-            got = scheduler.run(needed, spare)
+            got = scheduler.run(needed, spare).rollouts
             want = sync.generate(needed)
             assert [(r.prompt_id, r.completion_ids, r.logprobs, r.text) for r in got] == [
                 (r.prompt_id, r.completion_ids, r.logprobs, r.text) for r in want]
@@ -145,7 +145,7 @@ def test_too_stale_groups_are_restarted_not_dropped(model_and_tokenizer, prompts
         for step in range(3):  # updates with no run between them: those groups become 3 versions old
             train(model, step)
             gen.update_weights()
-        rollouts = scheduler.run(*requests(prompts, 1))
+        rollouts = scheduler.run(*requests(prompts, 1)).rollouts
         m = scheduler.metrics()
         assert [r.prompt_id for r in rollouts[::3]] == held  # the same groups, first in first out
         assert m["groups_restarted"] == 2 and m["tokens_discarded"] > 0
@@ -177,7 +177,7 @@ def test_state_dict_pauses_and_resume_loses_nothing(model_and_tokenizer, prompts
     got: list[Rollout] = []
     try:
         for step in range(2, 4):
-            got += restored.run(*requests(prompts, step, n=6))
+            got += restored.run(*requests(prompts, step, n=6)).rollouts
             if step == 2:  # tokens sampled before the checkpoint but not yet reported count now
                 assert restored.metrics()["tokens_generated"] >= state["tokens"]
             train(model, step)

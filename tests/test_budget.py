@@ -113,9 +113,9 @@ def run_steps(spec, mode, k, rollout_limit, token_limit, seed, steps=3):
                     spares = [problems[q] for q in rng.choice(ids, size=extra, replace=False)]
                     spare_counts = plan_spares(allocator, spares, requests, store, budget)
                     spare = [Request(q, [0], n) for q, n in spare_counts.items()]
-                    rollouts = scheduler.run(requests, spare, max_tokens=budget.step_tokens_left())
+                    rollouts = scheduler.run(requests, spare, max_tokens=budget.step_tokens_left()).rollouts
                 else:
-                    rollouts = scheduler.complete(requests, max_tokens=budget.step_tokens_left())
+                    rollouts = scheduler.complete(requests, max_tokens=budget.step_tokens_left()).rollouts
                 first = False
                 m = scheduler.metrics()
                 budget.spend(int(m["rollouts_started"]), tokens=int(m["tokens_generated"]))
@@ -165,7 +165,7 @@ def test_spares_get_the_allocators_count_within_the_budget():
 def test_token_cap_stops_generation_before_passing_it():
     gen = FakeGenerator()
     scheduler = RolloutScheduler(gen, SchedulerConfig(mode="sync"))
-    out = scheduler.complete([Request("p", [0], 8)], max_tokens=20)
+    out = scheduler.complete([Request("p", [0], 8)], max_tokens=20).rollouts
     m = scheduler.metrics()
     assert m["tokens_generated"] <= 20
     assert m["rollouts_started"] == 8

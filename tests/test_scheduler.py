@@ -57,12 +57,17 @@ def test_sync_mode_is_the_generator(model_and_tokenizer, prompt_ids):
     model, tok = model_and_tokenizer
     needed, spare = step_requests(prompt_ids, 0)
     scheduler = RolloutScheduler(HfGenerator(model, tok, CFG, seed=SEED))
-    rollouts = scheduler.run(needed, spare)
+    rollouts = scheduler.run(needed, spare).rollouts
     expected = HfGenerator(model, tok, CFG, seed=SEED).generate(needed)
     assert [r.completion_ids for r in rollouts] == [r.completion_ids for r in expected]
     assert [r.token_versions for r in rollouts] == [[0] * len(r) for r in expected]
-    assert scheduler.buffer == [] and scheduler.state_dict() == {"next_id": 0, "buffer": []}
+    # nothing is kept but the count of group ids handed out (one per request)
+    assert scheduler.buffer == [] and scheduler.state_dict() == {"next_id": len(needed), "buffer": []}
     assert scheduler.metrics()["tokens_generated"] == sum(len(r) for r in expected)
+    result = scheduler.run(needed, spare)  # groups come back whole, with ids, in request order
+    assert [g.group_id for g in result.groups] == [len(needed) + i for i in range(len(needed))]
+    assert [g.request.prompt_id for g in result.groups] == [r.prompt_id for r in needed]
+    assert result.tokens_spent == sum(len(r) for r in result.rollouts)
 
 
 @pytest.mark.parametrize("max_age", [1, 3])
@@ -85,7 +90,7 @@ def test_partial_rollouts_are_the_straight_rollouts_and_nothing_is_lost(model_an
             straight[req.prompt_id] = straight_gen.generate([req], keys=[next(keys) for _ in range(req.n)])
         admitted_rollouts += sum(req.n for req in admitted)
 
-        rollouts = scheduler.run(needed, spare)
+        rollouts = scheduler.run(needed, spare).rollouts
         groups = by_group(rollouts)
         assert len(groups) == len(needed)  # exactly the groups the step needs, each complete
         for pid, group in groups.items():
@@ -126,7 +131,7 @@ def test_first_step_admits_over_provisioned_groups(model_and_tokenizer, prompt_i
     scheduler.run(needed, spare)
     assert scheduler.next_id == 5  # ⌈2.5 · 2⌉ groups: the 2 needed and 3 spare
     assert len(scheduler.buffer) == 3 and scheduler.metrics()["groups_buffered"] == 3
-    assert scheduler.run([], spare) == []  # nothing needed: nothing generated, nothing admitted
+    assert scheduler.run([], spare).rollouts == []  # nothing needed: nothing generated, nothing admitted
     assert scheduler.next_id == 5
 
 
@@ -151,8 +156,9 @@ def test_complete_bypasses_the_buffer(model_and_tokenizer, prompt_ids):
     needed, spare = step_requests(prompt_ids, 0)
     scheduler.run(needed, spare)
     held = copy.deepcopy(scheduler.state_dict())
-    top_up = scheduler.complete([Request("top-up", prompt_ids[0], 3)])
+    top_up = scheduler.complete([Request("top-up", prompt_ids[0], 3)]).rollouts
     assert len(top_up) == 3 and all(r.finish_reason != "partial" for r in top_up)
+    held["next_id"] += 1  # the top-up's group took the next id; the buffer is untouched
     assert scheduler.state_dict() == held
 
 
@@ -165,7 +171,7 @@ def test_state_dict_resumes_exactly(model_and_tokenizer, prompt_ids):
     def steps(sched: RolloutScheduler, first: int, last: int) -> list[list[Rollout]]:
         out = []
         for step in range(first, last):
-            out.append(sched.run(*step_requests(prompt_ids, step)))
+            out.append(sched.run(*step_requests(prompt_ids, step)).rollouts)
             sched.generator.update_weights()
         return out
 

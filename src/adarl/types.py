@@ -59,6 +59,29 @@ class Rollout:
 
 
 @dataclass
+class Generated:
+    """One group as the scheduler hands it back: a request's finished rollouts, not yet verified."""
+
+    group_id: int  # unique in a run (admission order); never derived from the prompt
+    request: Request
+    rollouts: list[Rollout]
+
+
+@dataclass
+class StageResult:
+    """What one generation stage produced: complete groups, and what it cost the budget."""
+
+    groups: list[Generated]
+    tokens_spent: int  # sampled by this call, finished or not (partials carried, rows cut by the budget)
+    rollouts_started: int  # rows started by this call (spares included)
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def rollouts(self) -> list[Rollout]:
+        return [r for g in self.groups for r in g.rollouts]
+
+
+@dataclass
 class Group:
     """One prompt and all of its rollouts; `rewards` is (rollouts x reward names)."""
 
@@ -68,6 +91,7 @@ class Group:
     rewards: np.ndarray | None = None
     reward_names: tuple[str, ...] = ()
     correct: np.ndarray | None = None  # 0/1 per rollout, from the correctness reward
+    group_id: int | None = None  # the scheduler's id of the group it was generated as
 
     @property
     def size(self) -> int:

@@ -93,7 +93,7 @@ def subset(group: Group, keep: list[int]) -> Group:
     return Group(group.problem, group.prompt_ids, [group.rollouts[i] for i in keep],
                  rewards=None if group.rewards is None else group.rewards[keep],
                  reward_names=group.reward_names,
-                 correct=None if group.correct is None else group.correct[keep])
+                 correct=None if group.correct is None else group.correct[keep], group_id=group.group_id)
 
 
 def accuracy(group: Group) -> float:

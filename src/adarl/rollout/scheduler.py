@@ -83,7 +83,7 @@ import torch
 
 from adarl.config import SchedulerConfig
 from adarl.rollout.hf import HfGenerator, Progress, StopWhen
-from adarl.types import Request, Rollout
+from adarl.types import Generated, Request, Rollout, StageResult
 
 
 class KeyedGenerator(Protocol):
@@ -196,8 +196,8 @@ class RolloutScheduler:
 
     # ---------------------------------------------------------------- protocol
 
-    def run(self, needed: list[Request], spare: Sequence[Request] = (), max_tokens: int | None = None) -> list[Rollout]:
-        """The rollouts of len(needed) complete groups (all of `needed` in "sync" mode).
+    def run(self, needed: list[Request], spare: Sequence[Request] = (), max_tokens: int | None = None) -> StageResult:
+        """len(needed) complete groups (all of `needed` in "sync" mode), with what they cost.
 
         `max_tokens` (the step's token budget left) bounds the tokens sampled for this call; when it
         binds, fewer groups come back (partial, async: the others stay held; sync: see `complete`).
@@ -212,7 +212,7 @@ class RolloutScheduler:
         target = len(needed)
         if not target:
             self._measure(version, [], {}, 0, 0, 0)
-            return []
+            return self._result([])
         room = max(0, math.ceil(self.cfg.over_provision * target) - len(self.buffer) - target)
         admitted = list(needed) + list(spare[:room])
         self._admit(admitted)
@@ -227,9 +227,9 @@ class RolloutScheduler:
         taken = {g.id for g in chosen}
         self.buffer = [g for g in self.buffer if g.id not in taken]
         self._measure(version, chosen, before, generated, len(overdue), sum(r.n for r in admitted))
-        return self._texts(chosen)
+        return self._result(chosen)
 
-    def complete(self, requests: list[Request], max_tokens: int | None = None) -> list[Rollout]:
+    def complete(self, requests: list[Request], max_tokens: int | None = None) -> StageResult:
         """Generate `requests` to the end, bypassing the buffer (sync mode, later allocator stages).
 
         A row that `max_tokens` stops before it finishes is left out of the result: its tokens were
@@ -241,12 +241,18 @@ class RolloutScheduler:
             if r.token_versions is None:
                 r.token_versions = [r.policy_version] * len(r)
         tokens = float(sum(len(r) for r in rollouts))
-        done = [r for r in rollouts if r.finish_reason != "partial"]
+        groups, offset = [], 0
+        for req in requests:  # each request's rows are consecutive
+            done = [r for r in rollouts[offset:offset + req.n] if r.finish_reason != "partial"]
+            offset += req.n
+            if done:
+                groups.append(Generated(self.next_id, req, done))
+            self.next_id += 1
         with self._cond:
             self._metrics = {"tokens_generated": tokens, "partial_rollouts_carried": float(self._open_rollouts()),
                              "rollouts_started": float(sum(r.n for r in requests)),
-                             "rollouts_cut_by_budget": float(len(rollouts) - len(done))}
-        return done
+                             "rollouts_cut_by_budget": float(len(rollouts) - sum(len(g.rollouts) for g in groups))}
+        return StageResult(groups, int(tokens), sum(r.n for r in requests), dict(self._metrics))
 
     def metrics(self) -> dict[str, Any]:
         """What the last call did and what the buffer holds (ages in policy versions)."""
@@ -297,12 +303,17 @@ class RolloutScheduler:
     def _admit(self, requests: list[Request]) -> None:
         self.buffer += self._new_groups(requests)
 
-    def _texts(self, chosen: list[_Group]) -> list[Rollout]:
+    def _result(self, chosen: list[_Group]) -> StageResult:
+        """The chosen groups, their rollouts' text decoded whole, and the last call's cost."""
         rollouts = [r for g in chosen for r in g.rollouts]
-        texts = self.generator.tokenizer.batch_decode([r.completion_ids for r in rollouts], skip_special_tokens=True)
-        for r, text in zip(rollouts, texts, strict=True):
-            r.text = text
-        return rollouts
+        if rollouts:  # (a tokenizer decodes an empty batch as one empty text)
+            texts = self.generator.tokenizer.batch_decode([r.completion_ids for r in rollouts],
+                                                          skip_special_tokens=True)
+            for r, text in zip(rollouts, texts, strict=True):
+                r.text = text
+        m = dict(self._metrics)
+        return StageResult([Generated(g.id, g.request, g.rollouts) for g in chosen], int(m.get("tokens_generated", 0)),
+                           int(m.get("rollouts_started", 0)), m)
 
     def _generate(self, groups: list[_Group], target: int | None, max_tokens: int | None = None) -> int:
         """Generate the unfinished rollouts of `groups`; with a target, stop once that many groups are complete."""
@@ -334,14 +345,14 @@ class RolloutScheduler:
 
     # ---------------------------------------------------------------- async mode
 
-    def _run_async(self, needed: list[Request], spare: Sequence[Request], max_tokens: int | None) -> list[Rollout]:
+    def _run_async(self, needed: list[Request], spare: Sequence[Request], max_tokens: int | None) -> StageResult:
         with self._cond:
             self._cap = max_tokens  # what the thread may sample until the next run collects it
         self._start()
         version, target, eta = self.generator.policy_version, len(needed), self.cfg.eta
         if not target:  # nothing needed: nothing enqueued, nothing consumed
             self._metrics = {"tokens_generated": 0.0, "rollouts_started": 0.0}
-            return []
+            return self._result([])
         with self._cond:
             self._check()
             unconsumed = len(self.queue) + len(self.buffer) + target
@@ -395,7 +406,7 @@ class RolloutScheduler:
                 "weight_sync_s": self._sync_s,  # the last update: trainer blocked (pause + copy)
                 "weight_copy_s": self._copy_s,
             }
-        return self._texts(chosen)
+        return self._result(chosen)
 
     def _start(self) -> None:
         """Copy the generator's model and tokenizer and start the generation thread (once)."""

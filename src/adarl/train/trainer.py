@@ -38,7 +38,7 @@ from adarl.tokens.entropy import EntropyStats
 from adarl.train import checkpoint
 from adarl.train.checkpoint import crash_point
 from adarl.train.learner import Learner
-from adarl.types import Batch, Group, Problem, Request, Rollout, merge
+from adarl.types import Batch, Group, Problem, Request, merge
 
 TIMING_KEYS = ("generate_s", "verify_s", "train_s", "weight_sync_s", "eval_s", "step_s", "tokens_per_s", "wall_s")
 MAX_BAD_UPDATES = 3  # updates in a row with a non-finite loss or gradient that stop the run
@@ -201,24 +201,20 @@ class Trainer:
         t0 = time.perf_counter()
         tokens_left = self.budget.step_tokens_left()  # a hard cap: generation stops before passing it
         if first_stage and self.rollouts.cfg.mode != "sync":  # partial or async: groups from the scheduler
-            rollouts = self.rollouts.run(requests, self._spare_requests(requests), max_tokens=tokens_left)
+            result = self.rollouts.run(requests, self._spare_requests(requests), max_tokens=tokens_left)
         else:  # later allocator stages top up groups trained this step: generated to the end
-            rollouts = self.rollouts.complete(requests, max_tokens=tokens_left)
+            result = self.rollouts.complete(requests, max_tokens=tokens_left)
         metrics.add("generate_s", time.perf_counter() - t0)
-        scheduled = self.rollouts.metrics()
-        self.budget.spend(int(scheduled["rollouts_started"]), tokens=int(scheduled["tokens_generated"]))
-        for key, value in scheduled.items():
+        self.budget.spend(result.rollouts_started, tokens=result.tokens_spent)
+        for key, value in result.metrics.items():
             if key.startswith(("tokens", "rollouts")):
                 metrics.add(f"rollout/{key}", value)
             else:
                 metrics[f"rollout/{key}"] = value
-        for r in rollouts:  # partial mode may return groups of prompts admitted in earlier steps
-            if r.prompt_id not in problems:
-                problems[r.prompt_id] = self.problems_by_id[r.prompt_id]
-        by_prompt: dict[str, list[Rollout]] = {}
-        for r in rollouts:
-            by_prompt.setdefault(r.prompt_id, []).append(r)
-        fresh = [Group(problems[pid], self.prompt_ids(problems[pid]), rs) for pid, rs in by_prompt.items()]
+        fresh = []
+        for g in result.groups:  # partial mode may return groups of prompts admitted in earlier steps
+            problem = problems.setdefault(g.request.prompt_id, self.problems_by_id[g.request.prompt_id])
+            fresh.append(Group(problem, g.request.prompt_ids, g.rollouts, group_id=g.group_id))
         crash_point("verify", self.step + 1)
         t0 = time.perf_counter()
         scored = sum(g.size for g in fresh)
