@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 import yaml
 
-from adarl import compare as cmp
+import adarl.compare as cmp
 from adarl.config import dump_recipe, load_recipe
+from adarl.stats import mean_ci, t_quantile
 
 # ---------------------------------------------------------------- synthetic runs (also used by test_report)
 
@@ -107,53 +108,108 @@ def _t_cdf(t: float, df: int) -> float:
 
 
 @pytest.mark.parametrize("df", [*range(1, 31), 35, 50, 120, 1000])
-def test_t975_is_the_975_quantile(df):
-    assert _t_cdf(cmp.t975(df), df) == pytest.approx(0.975, abs=2e-5)
+def test_t_quantile_is_the_975_quantile(df):
+    # the one t quantile of the codebase (adarl.stats), also used by XRPO's half-width
+    assert _t_cdf(t_quantile(0.975, df), df) == pytest.approx(0.975, abs=2e-5)
 
 
 def test_mean_ci_by_hand():
-    out = cmp.mean_ci([0.5, 0.6, 0.7])
+    out = mean_ci([0.5, 0.6, 0.7])
     assert out["n"] == 3 and out["mean"] == pytest.approx(0.6) and out["std"] == pytest.approx(0.1)
     half = 4.3027 * 0.1 / math.sqrt(3)  # t(0.975, 2) s / sqrt(n) = 0.24842
-    assert out["ci95"] == pytest.approx([0.6 - half, 0.6 + half])
-    one = cmp.mean_ci([0.4])
+    assert out["ci95"] == pytest.approx([0.6 - half, 0.6 + half], abs=1e-4)
+    one = mean_ci([0.4])
     assert one["mean"] == 0.4 and one["ci95"] is None
-    assert cmp.mean_ci([])["mean"] is None
+    assert mean_ci([])["mean"] is None
 
 
 # ---------------------------------------------------------------- aggregation
 
 
 def test_aggregate_synthetic_comparison(tmp_path):
+    # Changed with issue 22: pass@1 is read at the budget (400 tokens), the target is each seed's start + 0.1
+    # (not the baseline's final mean), tokens to target interpolate between evals, and B gets paired
+    # differences to A.
     result = cmp.aggregate_dir(write_comparison(tmp_path / "cmp"))
     a, b = result["recipes"]
-    assert [a["name"], b["name"]] == ["A", "B"]
-    # A: finals 0.5, 0.6, 0.7 -> mean 0.6, s 0.1, half-width t(2) * 0.1 / sqrt(3)
-    assert a["finished"] == 3 and a["final_pass@1"]["mean"] == pytest.approx(0.6)
-    assert a["final_pass@1"]["ci95"] == pytest.approx([0.6 - 0.248417, 0.6 + 0.248417], abs=1e-5)
-    # B: seed2 has no final/ and does not count; finals 0.7, 0.8 -> half-width 12.7062 * 0.0707107 / sqrt(2)
+    assert [a["name"], b["name"]] == ["A", "B"] and result["baseline"] == "A"
+    assert result["equal_tokens_at"] == 400 and result["budget_tokens"] == 400
+    # A: evals at 0, 200, 400 tokens; at 400: 0.5, 0.6, 0.7 -> mean 0.6, s 0.1, half-width t(2) * 0.1 / sqrt(3)
+    assert a["finished"] == 3 and a["pass@1_at_budget"]["mean"] == pytest.approx(0.6)
+    assert a["pass@1_at_budget"]["ci95"] == pytest.approx([0.6 - 0.248417, 0.6 + 0.248417], abs=1e-5)
+    assert a["final_pass@1"]["mean"] == pytest.approx(0.6)
+    # B: evals at 0, 300, 600 tokens; seed2 has no final/ and does not count. At 400, a third of the way
+    # from 300 to 600: seed0 0.65 + 0.05/3 = 0.66667, seed1 0.55 + 0.25/3 = 0.63333 -> mean 0.65
     assert b["finished"] == 2 and b["seeds"] == [0, 1, 2]
-    assert b["final_pass@1"]["mean"] == pytest.approx(0.75)
+    assert [r["pass@1_at_budget"] for r in b["runs"][:2]] == pytest.approx([0.666667, 0.633333], abs=1e-6)
+    assert b["pass@1_at_budget"]["mean"] == pytest.approx(0.65)
+    # the final evals (at 600 tokens, past the budget) as before: 0.7, 0.8 -> half-width 12.7062 * 0.0707107 / sqrt(2)
     assert b["final_pass@1"]["ci95"] == pytest.approx([0.75 - 0.63531, 0.75 + 0.63531], abs=1e-5)
     assert [r["status"] for r in b["runs"]] == ["finished", "finished", "incomplete"]
-    # target = baseline A's final mean 0.6; first eval row at or above it
-    assert result["target"] == {"pass@1": pytest.approx(0.6), "from": "baseline A final mean"}
-    assert a["tokens_to_target"] == {"per_seed": [None, 200, 400], "reached": 2, "of": 3, "mean": 300.0}
-    assert b["tokens_to_target"] == {"per_seed": [300, 600], "reached": 2, "of": 2, "mean": 450.0}
+    # AUC over [0, 400] / 400. A seed0: (0.2+0.4)/2*200 + (0.4+0.5)/2*200 = 150 -> 0.375; seed1 200 -> 0.5;
+    # seed2 190 -> 0.475. B seed0: (0.3+0.65)/2*300 + (0.65+0.66667)/2*100 = 208.33 -> 0.52083
+    assert [r["auc"] for r in a["runs"]] == pytest.approx([0.375, 0.5, 0.475])
+    assert a["auc"]["mean"] == pytest.approx(0.45) and b["runs"][0]["auc"] == pytest.approx(0.520833, abs=1e-6)
+    # target = each seed's start + 0.1. A (start 0.2 -> 0.3): seed0 crosses between (0, 0.2) and (200, 0.4)
+    # at 0.1/0.2*200 = 100; seed1 0.1/0.4*200 = 50; seed2 0.1/0.3*200 = 66.67. B (0.3 -> 0.4): 0.1/0.35*300
+    # = 85.71 and 0.1/0.25*300 = 120.
+    assert result["target"] == {"pass@1": None, "gain": 0.1, "rule": "each seed's start + 0.1"}
+    assert a["tokens_to_target"]["per_seed"] == pytest.approx([100, 50, 66.6667], abs=1e-3)
+    assert a["tokens_to_target"]["reached"] == 3 and a["tokens_to_target"]["mean"] == pytest.approx(72.2222, abs=1e-3)
+    assert b["tokens_to_target"]["per_seed"] == pytest.approx([85.7143, 120], abs=1e-3)
     # wall time of the last row: A 4 steps x (10, 11, 12) s; tokens 400 and 600
     assert a["wall_s"]["mean"] == pytest.approx(44.0) and b["wall_s"]["mean"] == pytest.approx(80.0)
     assert a["tokens"]["mean"] == 400 and b["tokens"]["mean"] == 600 and b["steps"]["mean"] == 4
-    assert result["budget_tokens"] == 400
+    # B - A per seed at 400: 0.16667, 0.03333 -> mean 0.1, s = 0.13333/sqrt(2) = 0.094281,
+    # half-width 12.7062 * 0.094281 / sqrt(2) = 0.84708: the interval spans 0, no winner
+    vs = b["vs_baseline"]["pass@1_at_budget"]
+    assert vs["per_seed"] == pytest.approx({0: 0.166667, 1: 0.033333}, abs=1e-6)
+    assert vs["ci95"] == pytest.approx([0.1 - 0.84708, 0.1 + 0.84708], abs=1e-4)
+    assert (vs["wins"], vs["losses"], vs["ties"], vs["verdict"]) == (2, 0, 0, "no winner")
+    assert a["vs_baseline"] is None
 
     given = cmp.aggregate_dir(tmp_path / "cmp", target=0.65)
-    assert given["target"] == {"pass@1": 0.65, "from": "given"}
-    assert given["recipes"][0]["tokens_to_target"]["per_seed"] == [None, None, 400]
-    assert given["recipes"][1]["tokens_to_target"]["per_seed"] == [300, 600]
+    assert given["target"]["pass@1"] == 0.65 and given["target"]["gain"] is None
+    # A seed2 crosses 0.65 between (200, 0.5) and (400, 0.7) at 350; seeds 0, 1 never get there.
+    # B seed0 reaches 0.65 at its eval at 300; seed1 crosses at 300 + 0.1/0.25*300 = 420 > 400: not reached
+    assert given["recipes"][0]["tokens_to_target"]["per_seed"] == [None, None, pytest.approx(350)]
+    assert given["recipes"][0]["tokens_to_target"]["not_reached_seeds"] == [0, 1]
+    assert given["recipes"][1]["tokens_to_target"]["per_seed"] == [pytest.approx(300), None]
 
     header, rows = cmp.summary_rows(result)
-    assert rows[0][:4] == ["A", "3/3", "0.600 [0.352, 0.848]", "300 (2/3 seeds)"]
-    assert rows[1][:4] == ["B", "2/3", "0.750 [0.115, 1.385]", "450"]
-    assert "0.600" in header[3]
+    assert rows[0][:5] == ["A", "3/3", "0.600 [0.352, 0.848]", "0.450 [0.286, 0.614]", "72.2 [8.98, 135]"]
+    assert rows[1][:3] == ["B", "2/3", "0.650 [0.438, 0.862]"] and rows[1][9] == "ok"
+    assert header[2] == "pass@1 at 400 [95% CI]" and header[4] == "tokens to start + 0.1"
+    header, rows = cmp.paired_rows(result)
+    assert rows == [["B", "2", "+0.100 [-0.747, +0.947] 2/0/0", "no winner (interval spans 0)",
+                     "+0.056 [-1.082, +1.195] 1/1/0", "no winner (interval spans 0)"]]
+    header, rows = cmp.seed_rows(result)
+    assert rows[0][3] == "0.500 [0.366, 0.634]" and rows[0][4] == "50"  # Wilson on the 50 held-out problems
+
+    other = cmp.aggregate_dir(tmp_path / "cmp", baseline="B")
+    assert other["baseline"] == "B" and other["recipes"][1]["vs_baseline"] is None
+    assert other["recipes"][0]["vs_baseline"]["pass@1_at_budget"]["mean"] == pytest.approx(-0.1)
+
+
+def test_a_seed_at_or_above_a_given_target_reaches_it_at_its_start(tmp_path):
+    # target 0.25: B's seeds start at 0.3, so they reach it at their first eval (0 tokens, "at start");
+    # A's start at 0.2 and cross at 0.05/0.2*200 = 50, 0.05/0.4*200 = 25, 0.05/0.3*200 = 33.3
+    result = cmp.aggregate_dir(write_comparison(tmp_path / "cmp"), target=0.25)
+    a, b = result["recipes"]
+    assert b["tokens_to_target"]["per_seed"] == [0.0, 0.0] and b["tokens_to_target"]["reached"] == 2
+    assert a["tokens_to_target"]["per_seed"] == pytest.approx([50, 25, 33.333], abs=1e-3)
+    rows = cmp.seed_rows(result)[1]
+    assert rows[3][7] == "0 (at start)" and rows[0][7] == "50"
+
+
+def test_unreached_seeds_are_counted_not_averaged(tmp_path):
+    # target 0.75: no A seed gets there by 400 tokens (best 0.7); B seed1 only at 600 tokens, past the budget
+    result = cmp.aggregate_dir(write_comparison(tmp_path / "cmp"), target=0.75)
+    a, b = result["recipes"]
+    assert a["tokens_to_target"]["per_seed"] == [None, None, None] and a["tokens_to_target"]["mean"] is None
+    assert cmp.fmt_to_target(a["tokens_to_target"]) == "not reached (0/3 seeds)"
+    assert b["tokens_to_target"]["not_reached_seeds"] == [0, 1]
+    assert all(row[7] == "not reached" for row in cmp.seed_rows(result)[1] if row[2] == "finished")
 
 
 def test_find_runs_keeps_the_comparison_order(tmp_path):
@@ -182,6 +238,28 @@ def test_plan_sets_seed_and_token_budget(tmp_path):
     assert jobs[1].overrides == ["seed=1", "eval.every=2", "budget.max_tokens=5000", "budget.max_steps=null"]
     recipe = load_recipe(jobs[1].recipe, jobs[1].overrides)  # what the run will train with
     assert recipe.seed == 1 and recipe.budget.max_tokens == 5000 and recipe.budget.max_steps is None
+
+
+def test_plan_refuses_recipes_on_different_held_out_sets(tmp_path):
+    from adarl.config import RecipeError
+
+    a, b = _recipe_file(tmp_path, "a"), _recipe_file(tmp_path, "b", "drgrpo")
+    data = yaml.safe_load(b.read_text())
+    data["task"]["data_seed"] = 7
+    b.write_text(yaml.safe_dump(data))
+    with pytest.raises(RecipeError, match=r"different task.data_seed values \(\[0, 7\]\)"):
+        cmp.plan([a, b], range(2), 5000, tmp_path / "out")
+    jobs = cmp.plan([a, b], range(2), 5000, tmp_path / "out", ["task.data_seed=3"])  # one for all: fine
+    assert {load_recipe(j.recipe, j.overrides).task.data_seed for j in jobs} == {3}
+
+
+def test_baseline_by_name_or_path(tmp_path):
+    names, paths = ["a", "b"], [str(tmp_path / "a.yaml"), str(tmp_path / "x" / "b.yaml")]
+    assert cmp.pick_baseline(names, None, paths) == "a"
+    assert cmp.pick_baseline(names, "b", paths) == "b"
+    assert cmp.pick_baseline(names, str(tmp_path / "x" / "b.yaml"), paths) == "b"
+    with pytest.raises(ValueError, match=r"--baseline c: not one of the recipes \(a, b\)"):
+        cmp.pick_baseline(names, "c", paths)
 
 
 def test_plan_gives_same_named_recipes_distinct_dirs(tmp_path):
@@ -281,7 +359,9 @@ def test_compare_end_to_end_on_tiny_model(tiny_model_dir, tmp_path, monkeypatch)
         assert config["budget"]["max_steps"] is None and config["budget"]["max_tokens"] == 150
         assert (Path(run["dir"]) / "final").is_dir() and not (Path(run["dir"]) / "checkpoints").exists()
     saved = json.loads((out / "comparison.json").read_text())
-    assert saved["budget_tokens"] == 150 and saved["target"]["pass@1"] is not None
+    # changed with issue 22: the default target is each seed's start + 0.1, not the baseline's final mean
+    assert saved["budget_tokens"] == 150 and saved["target"]["gain"] == 0.1 and saved["baseline"] == "grpo"
+    assert saved["equal_tokens_at"] == 150 and saved["recipes"][1]["vs_baseline"]["pass@1_at_budget"]["n"] == 1
     mtime = (out / "grpo" / "seed0" / "metrics.jsonl").stat().st_mtime_ns
     lines.clear()
     again = cmp.compare(paths, 1, 150, out, echo=lines.append)
@@ -306,6 +386,10 @@ def test_cli_compare_checks_recipes_and_ray_before_running(tmp_path):
     bad = CliRunner().invoke(app, ["compare", str(recipe), "--budget-tokens", "100", "--set", "rollout.temprature=1",
                                    "--out", str(tmp_path / "out")])
     assert bad.exit_code == 2 and "temperature" in bad.output and not (tmp_path / "out").exists()
+    unknown = CliRunner().invoke(app, ["compare", str(recipe), "--budget-tokens", "100", "--baseline", "b",
+                                       "--out", str(tmp_path / "out")])
+    assert unknown.exit_code == 2 and "--baseline b: not one of the recipes (a)" in unknown.output
+    assert not (tmp_path / "out").exists()
     try:
         import ray  # noqa: F401
     except ImportError:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import fcntl
+import json
 import os
 import re
 import shutil
@@ -144,6 +145,21 @@ def test_comparison_report_without_per_prompt_log_says_so(tmp_path):
     assert text.count("has no per-prompt log") == 2  # one note per recipe instead of a heat map
     assert 'class="diff"' in text  # advantage.name differs between A and B
     assert "No eval*.json" in text
+
+
+def test_comparison_report_has_paired_differences_and_run_intervals(tmp_path):
+    out = write_comparison(tmp_path / "cmp")
+    text = render(out)
+    # B - A per seed at 400 tokens: 0.16667, 0.03333 -> +0.100 [-0.747, +0.947], 2 wins (see test_compare)
+    assert ("<td>B</td><td>2</td><td>+0.100 [-0.747, +0.947] 2/0/0</td><td>no winner (interval spans 0)</td>"
+            in text)
+    assert "Against the baseline A" in text
+    # per run: A seed0's 0.5 at 400 tokens on its 50 held-out problems, Wilson 95% [0.366, 0.634]
+    assert "<td>A</td><td>0</td><td>finished</td><td>0.500 [0.366, 0.634]</td><td>50</td>" in text
+    # a saved baseline is used when the report is rewritten
+    saved = json.loads((out / "comparison.json").read_text())
+    (out / "comparison.json").write_text(json.dumps({**saved, "baseline": "B"}))
+    assert "Against the baseline B" in render(out)
 
 
 def test_report_of_a_directory_that_is_neither(tmp_path):

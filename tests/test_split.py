@@ -165,8 +165,8 @@ def test_a_small_problem_space_warns_and_fills_eval_first(caplog: pytest.LogCapt
 def test_jsonl_held_out_is_the_shared_rule(tmp_path: Path) -> None:
     path = tmp_path / "d.jsonl"
     path.write_text("".join(json.dumps({"prompt": f"q{i % 40}", "answer": str(i)}) + "\n" for i in range(50)))
-    cfg = TaskConfig(source="jsonl", path=str(path), eval_size=8)
-    task = build_task(cfg, seed=5)
+    cfg = TaskConfig(source="jsonl", path=str(path), eval_size=8, data_seed=5)
+    task = build_task(cfg)
     from adarl.tasks.jsonl import read_jsonl
 
     train, held = split_held_out(read_jsonl(path, cfg), 8, seed=5)

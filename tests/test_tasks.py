@@ -55,13 +55,13 @@ def test_render_prompt_with_system_prompt_and_template() -> None:
 
 
 def test_reasoning_gym_is_deterministic_and_seeded() -> None:
-    a, b = build_task(rg(), seed=3), build_task(rg(), seed=3)
+    a, b = build_task(rg(data_seed=3)), build_task(rg(data_seed=3))
     assert isinstance(a, TaskSource) and a.name == "basic_arithmetic"
     assert ids(a.train) == ids(b.train) and ids(a.eval) == ids(b.eval)
     assert [p.prompt for p in a.train] == [p.prompt for p in b.train]
-    c = build_task(rg(), seed=4)
+    c = build_task(rg(data_seed=4))
     assert len(set(ids(a.train)) & set(ids(c.train))) < len(a.train) // 2  # seed 4 is not seed 3 shifted
-    assert ids(build_task(rg(seed=3), seed=99).train) == ids(a.train)  # task.seed wins
+    assert ids(build_task(rg(data_seed=3), seed=99).train) == ids(a.train)  # the training seed plays no part
 
 
 def test_reasoning_gym_problems_and_held_out_split() -> None:
@@ -128,15 +128,15 @@ def test_jsonl_field_mapping_and_columns(tmp_path: Path) -> None:
 def test_jsonl_held_out_split_is_disjoint_with_duplicate_lines(tmp_path: Path) -> None:
     rows = [{"prompt": f"q{i % 25}", "answer": str(i % 25)} for i in range(60)]  # every id repeats
     rows += [{"id": "fixed", "prompt": "a"}, {"id": "fixed", "prompt": "b"}]
-    cfg = TaskConfig(source="jsonl", path=str(write_jsonl(tmp_path / "d.jsonl", rows)), eval_size=10)
-    task = build_task(cfg, seed=1)
+    cfg = TaskConfig(source="jsonl", path=str(write_jsonl(tmp_path / "d.jsonl", rows)), eval_size=10, data_seed=1)
+    task = build_task(cfg)
     train_ids, eval_ids = ids(task.train), ids(task.eval)
     assert len(eval_ids) == len(set(eval_ids)) == 10
     assert len(train_ids) == len(set(train_ids)) == 26 - 10
     assert not set(train_ids) & set(eval_ids)
-    again = build_task(cfg, seed=1)
+    again = build_task(cfg, seed=7)  # another training seed: the same split
     assert ids(again.train) == train_ids and ids(again.eval) == eval_ids
-    assert set(ids(build_task(cfg, seed=2).eval)) != set(eval_ids)
+    assert set(ids(build_task(cfg.model_copy(update={"data_seed": 2})).eval)) != set(eval_ids)
 
 
 def test_jsonl_eval_file_removes_its_ids_from_training(tmp_path: Path) -> None:

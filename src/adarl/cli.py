@@ -51,21 +51,9 @@ def train(
                 _fail("missing recipe: adarl train RECIPE.yaml [key=value ...]")
             loaded = load_recipe(recipe, overrides or [])
             target = run_dir or Path("runs") / loaded.name
-            if target.exists() and not target.is_dir():
-                _fail(f"--run-dir {target}: a file is there, not a directory")
-            from adarl.train.checkpoint import list_checkpoints
+        from adarl.api import check_run
 
-            if list_checkpoints(target / "checkpoints"):  # complete ones only: a torn *.tmp is no run
-                _fail(f"{target} already holds a run: resume it with --resume {target}, "
-                      "or choose another --run-dir")
-        from adarl.rewards import validate_callable
-
-        for r in loaded.rewards:
-            if r.type == "callable" and r.function:
-                validate_callable(r.function)
-        from adarl.rollout import require_backend
-
-        require_backend(loaded.rollout.backend)
+        check_run(loaded, target, resume is not None)  # the same checks as the Python API's train
     except RecipeError as err:
         _fail(str(err))
     except (ValueError, ImportError) as err:
@@ -90,6 +78,11 @@ def train(
     report = Path(target) / "report.html"
     if report.is_file():
         typer.echo(f"report: {report}")
+    from adarl.compare import read_metrics
+    from adarl.metrics.health import check
+
+    for flag in check(read_metrics(Path(target))):
+        typer.secho(f"health: {flag}", fg=typer.colors.YELLOW)
 
 
 @app.command()
@@ -139,9 +132,15 @@ COMPARE_HELP = (
     "Runs go one after another on this machine. With --ray ADDRESS (the ray package installed, OUT on a "
     "filesystem every node sees) each run is a Ray task with one CPU."
     "\n\n"
-    "Prints a table and writes OUT/comparison.json: final held-out pass@1 with a 95% t-interval over seeds, "
-    "generated tokens to reach a target pass@1 (default: the first recipe's final mean), tokens, steps and "
-    "wall time; then OUT/report.html."
+    "Every run trains on the same problems and is scored on the same held-out set (task.data_seed); the "
+    "training seed varies sampling and order only."
+    "\n\n"
+    "Prints tables and writes OUT/comparison.json: per recipe, held-out pass@1 at the budget (each seed's "
+    "curve, linear between evals, read at the budget), the normalised area under that curve, the generated "
+    "tokens to reach each seed's start + --target-gain (or --target), final pass@1, tokens, steps, wall time, "
+    "each with a 95% t-interval over seeds; per other recipe, the per-seed differences to the baseline with "
+    "their interval and wins/losses/ties (better or worse only when the interval excludes 0); per run, its "
+    "pass@1 with a Wilson 95% interval and its health flags. Then OUT/report.html."
 )
 
 REPORT_HELP = (
@@ -174,7 +173,7 @@ def eval_(
     seed: Annotated[int, typer.Option("--seed", min=0, max=2**63 - 1, help="sampling seed")] = 0,
     task_seed: Annotated[int | None, typer.Option("--task-seed", min=0, max=2**63 - 1,
                                                   help="seed of the task's train/held-out split "
-                                                       "(default: the recipe's seed, else 0)")] = None,
+                                                       "(task.data_seed; default: the run's, else 0)")] = None,
     temperature: Annotated[float | None, typer.Option("--temperature", min=0.0, max=100.0,
                                                       help="default: the run's or recipe's "
                                                            "rollout.temperature")] = None,
@@ -223,14 +222,18 @@ def compare(
     recipes: Annotated[list[Path], typer.Argument(help="recipe YAML files; the first is the baseline")],
     budget_tokens: Annotated[int, typer.Option("--budget-tokens", min=1, max=10**15,
                                                help="generated tokens each run may spend (budget.max_tokens)")],
-    seeds: Annotated[int, typer.Option("--seeds", min=1, max=1000, help="runs per recipe, with seed=0..SEEDS-1")] = 3,
+    seeds: Annotated[int, typer.Option("--seeds", min=1, max=1000, help="runs per recipe, with seed=0..SEEDS-1")] = 5,
     out: Annotated[Path | None, typer.Option("--out", help="comparison directory "
                                                             "(default: runs/compare-<recipe names>)")] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="dotted.key=value override for every recipe, "
                                                                  "e.g. --set eval.every=2 (repeatable)")] = None,
     target: Annotated[float | None, typer.Option("--target", min=0.0, max=1.0,
-                                                 help="pass@1 for 'tokens to reach target' (default: "
-                                                      "the baseline's final mean pass@1)")] = None,
+                                                 help="one pass@1 for 'tokens to reach target' for every seed "
+                                                      "(default: each seed's own start + --target-gain)")] = None,
+    target_gain: Annotated[float, typer.Option("--target-gain", min=0.0, max=1.0,
+                                               help="the gain over a seed's first eval that is its target")] = 0.1,
+    baseline: Annotated[str | None, typer.Option("--baseline", help="the recipe (name or YAML path) the others are "
+                                                                    "compared with (default: the first)")] = None,
     ray_address: Annotated[str | None, typer.Option(
         "--ray", help="run the runs as Ray tasks on the cluster at this address (e.g. auto); needs the ray "
                       "package and a shared filesystem")] = None,
@@ -241,7 +244,7 @@ def compare(
 ) -> None:
     from rich.console import Console
 
-    from adarl import compare as cmp
+    import adarl.compare as cmp
     from adarl.config import RecipeError
 
     if ray_address is not None:
@@ -251,6 +254,8 @@ def compare(
             _fail("--ray needs the ray package: pip install 'adarl[ray]' (without --ray, runs are sequential)")
     try:
         jobs = cmp.plan(recipes, range(seeds), budget_tokens, Path("."), set_ or [])
+        names = list(dict.fromkeys(j.name for j in jobs))
+        cmp.pick_baseline(names, baseline, [str(next(j.recipe for j in jobs if j.name == n)) for n in names])
         for r in recipes:  # fail fast on a callable reward that does not import
             from adarl.config import load_recipe
             from adarl.rewards import validate_callable
@@ -260,13 +265,16 @@ def compare(
                     validate_callable(rw.function)
     except (RecipeError, ValueError, ImportError) as err:
         _fail(str(err))
-    names = list(dict.fromkeys(j.name for j in jobs))
     out = out or Path("runs") / ("compare-" + "-vs-".join(names))
     typer.echo(f"comparing {', '.join(names)} × {seeds} seed{'s' if seeds > 1 else ''} at "
                f"{budget_tokens} generated tokens each, in {out}")
     result = cmp.compare(recipes, seeds, budget_tokens, out, extra=set_ or [], target=target,
-                         ray_address=ray_address, echo=typer.echo, keep_checkpoints=keep_checkpoints)
-    Console().print(cmp.table(result))
+                         target_gain=target_gain, baseline=baseline, ray_address=ray_address, echo=typer.echo,
+                         keep_checkpoints=keep_checkpoints)
+    console = Console()
+    for t in cmp.tables(result):
+        console.print(t)
+    typer.echo(cmp.NOTES)
     typer.echo(f"wrote {out / cmp.COMPARISON_FILE}")
     if report:
         from adarl.metrics.report import write_report

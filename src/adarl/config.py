@@ -14,6 +14,7 @@ import re
 import reprlib
 import types
 import typing
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -69,7 +70,7 @@ class ModelConfig(Section):
 
 
 class TaskConfig(Section):
-    source: Literal["reasoning_gym", "jsonl", "humaneval"] = "reasoning_gym"
+    source: Literal["reasoning_gym", "jsonl", "humaneval", "hf_datasets"] = "reasoning_gym"
     # reasoning_gym
     name: str | None = None  # generator name, e.g. basic_arithmetic
     params: dict[str, Any] = {}
@@ -80,11 +81,41 @@ class TaskConfig(Section):
     fields: dict[str, str] = {"id": "id", "prompt": "prompt", "answer": "answer"}
     skip_bad_lines: bool = False  # skip (and count) malformed lines instead of stopping
     max_bad_fraction: float = Field(0.1, ge=0.0, le=1.0)  # more bad lines than this is an error
+    # hf_datasets: path (and eval_path) is a local data file or folder read with `datasets`; fields and
+    # skip_bad_lines as for jsonl
+    split: str | None = None  # the split to train on (e.g. train); None: the only one there is
+    eval_split: str | None = None  # hold out this split of path (at most eval_size) instead of a random split
     # both
-    eval_size: int = Field(100, ge=0, le=10_000_000)
+    # held-out problems. 400 keeps one pass@1's binomial 95% interval within ±0.05 (n ≥ 385 at p = 0.5).
+    # Left unset on a jsonl file or humaneval with fewer than 800 distinct problems, half of them are held
+    # out instead; build_task records the number used, so config.yaml (and a resume) holds it.
+    eval_size: int = Field(400, ge=0, le=10_000_000)
     system_prompt: str | None = None
     prompt_template: str = "{prompt}"  # {prompt} is the item's question text
-    seed: int | None = None  # defaults to the recipe's seed
+    # the problem pool and the held-out split. Not the recipe's `seed`: every training seed of a
+    # comparison trains on the same problems and is scored on the same held-out set.
+    data_seed: int = Field(0, ge=0, le=2**63 - 1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _seed_is_data_seed(cls, data: Any) -> Any:
+        """`task.seed` is the old name of `task.data_seed`: accepted, with a warning."""
+        if not isinstance(data, dict) or "seed" not in data:
+            return data
+        import warnings
+
+        data = dict(data)
+        seed = data.pop("seed")
+        if seed is None:
+            return data
+        if "data_seed" in data and data["data_seed"] != seed:
+            raise ValueError(f"task.seed ({seed}) and task.data_seed ({data['data_seed']}) disagree: task.seed "
+                             "is the old name of task.data_seed; keep only task.data_seed")
+        warnings.warn(f"task.seed is deprecated: it is now task.data_seed (set task.data_seed: {seed}). The "
+                      "recipe's seed no longer decides the problems, only sampling and order", FutureWarning,
+                      stacklevel=2)
+        data["data_seed"] = seed
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> TaskConfig:
@@ -96,6 +127,13 @@ class TaskConfig(Section):
             for p in (self.path, self.eval_path):
                 if p and not Path(p).expanduser().is_file():
                     raise ValueError(f"task file not found: {p}")
+        if self.source == "hf_datasets":
+            if not self.path:
+                raise ValueError("task.path is required for source 'hf_datasets' (a local data file or folder)")
+            for p in (self.path, self.eval_path):
+                if p and not Path(p).expanduser().exists():
+                    raise ValueError(f"task data not found: {p} (source 'hf_datasets' reads local files and "
+                                     "folders only, never a Hub name: download it and give its local path)")
         if "{prompt}" not in self.prompt_template:
             raise ValueError("task.prompt_template must contain {prompt}")
         return self
@@ -233,10 +271,48 @@ class CheckpointConfig(Section):
     keep_final: int = Field(1, ge=0)  # kept once final/ is written (1: the run can still be resumed and extended)
 
 
+TRACKERS = ("tensorboard", "wandb", "mlflow")
+
+
 class LogConfig(Section):
-    tensorboard: bool = True
+    # where metrics rows go besides metrics.jsonl: tensorboard (run_dir/tb), wandb (offline, run_dir/wandb),
+    # mlflow (a local store, run_dir/mlruns unless mlflow_uri). See adarl.metrics.trackers.
+    trackers: list[str] = ["tensorboard"]
+    # the older switch, kept in step with trackers (either key sets both); config.yaml records trackers only
+    tensorboard: bool = Field(True, exclude=True)
+    project: str = Field("adarl", min_length=1, max_length=128)  # the W&B project and the MLflow experiment
+    mlflow_uri: str | None = None  # a path, file: or sqlite: URI; None: run_dir/mlruns
     progress: bool = True
     rollouts_every: int = Field(5, ge=0)  # write every rollout of every N-th step to rollouts.jsonl (0 = never)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _trackers_and_tensorboard(cls, data: Any) -> Any:
+        """Keep `tensorboard` and `trackers` in step; a misspelt tracker suggests the nearest one."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        trackers, tensorboard = data.get("trackers"), data.get("tensorboard")
+        if trackers is None:
+            if "tensorboard" in data and isinstance(tensorboard, bool):
+                data["trackers"] = ["tensorboard"] if tensorboard else []
+            return data
+        if isinstance(trackers, str):
+            trackers = [trackers]
+        if not isinstance(trackers, list | tuple) or not all(isinstance(t, str) for t in trackers):
+            raise ValueError(f"log.trackers must be a list of names from {', '.join(TRACKERS)}, got {trackers!r}")
+        for name in trackers:
+            if name not in TRACKERS:
+                close = difflib.get_close_matches(name, TRACKERS, n=1, cutoff=0.4)
+                hint = f"; did you mean '{close[0]}'?" if close else ""
+                raise ValueError(f"log.trackers: unknown tracker '{name}'{hint} (choices: {', '.join(TRACKERS)})")
+        data["trackers"] = list(dict.fromkeys(trackers))
+        if isinstance(tensorboard, bool) and tensorboard != ("tensorboard" in trackers):
+            raise ValueError(f"log.tensorboard is {str(tensorboard).lower()} but log.trackers is {list(trackers)}: "
+                             "log.tensorboard is the older switch for the 'tensorboard' tracker; set only "
+                             "log.trackers (with or without tensorboard)")
+        data["tensorboard"] = "tensorboard" in trackers
+        return data
 
 
 RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
@@ -510,9 +586,12 @@ def parse_overrides(items: list[str]) -> list[tuple[str, Any]]:
     return out
 
 
-def load_recipe(path: str | Path | None = None, overrides: list[str] | None = None,
+def load_recipe(path: str | Path | None = None, overrides: Sequence[str] | dict[str, Any] | None = None,
                 data: dict[str, Any] | None = None) -> Recipe:
-    """Read a recipe file (or a dict), apply dotted overrides, validate everything."""
+    """Read a recipe file (or a dict), apply dotted overrides, validate everything.
+
+    `overrides`: ``["train.lr=1e-5", ...]`` (values parsed as YAML, as on the command line) or
+    ``{"train.lr": 1e-5, ...}`` (values taken as they are)."""
     if data is None:
         if path is None:
             raise RecipeError("no recipe given")
@@ -524,7 +603,13 @@ def load_recipe(path: str | Path | None = None, overrides: list[str] | None = No
         raise RecipeError(f"{path}: a recipe is a mapping of sections, got {type(data).__name__}")
     _check_size(data, str(path) if path is not None else "recipe")
     data = yaml.safe_load(yaml.safe_dump(data))  # deep copy
-    for key, value in parse_overrides(overrides or []):
+    if isinstance(overrides, dict):
+        pairs = list(overrides.items())
+        for key, value in pairs:
+            _check_size(value, f"override '{_clip(str(key))}'")
+    else:
+        pairs = parse_overrides(list(overrides or []))
+    for key, value in pairs:
         section = key.split(".")[0]
         if "." in key and section not in data and section in Recipe.model_fields:
             # an override inside a section the file leaves out starts from that section's default

@@ -149,7 +149,7 @@ class EvalTask:
     name: str
     task: TaskConfig
     rewards: list[RewardConfig]
-    seed: int
+    seed: int  # the task's data seed: which problems are held out
     source: str = ""  # where it came from, for the JSON
 
 
@@ -160,7 +160,10 @@ def _gym_names() -> list[str]:
 
 
 def resolve_tasks(specs: list[str], target: Target, seed: int | None = None) -> list[EvalTask]:
-    """The tasks to evaluate on: recipe files, reasoning-gym names, or (none given) the run's task."""
+    """The tasks to evaluate on: recipe files, reasoning-gym names, or (none given) the run's task.
+
+    `seed` (`--task-seed`) replaces each task's `data_seed`, which decides its held-out problems;
+    by default a run's or recipe's own data seed is used, so a run is scored on its held-out set."""
     tasks: list[EvalTask] = []
     if not specs:
         if target.recipe is None:
@@ -168,14 +171,12 @@ def resolve_tasks(specs: list[str], target: Target, seed: int | None = None) -> 
                              "or --task REASONING_GYM_NAME")
         r = target.recipe
         name = r.task.name or Path(r.task.path or "task").stem
-        tasks.append(EvalTask(name, r.task, list(r.rewards), r.seed if seed is None else seed,
-                              f"run {target.run_dir}"))
+        tasks.append(EvalTask(name, r.task, list(r.rewards), r.task.data_seed, f"run {target.run_dir}"))
     for spec in specs:
         p = Path(spec).expanduser()
         if p.suffix in (".yaml", ".yml") or p.is_file():
             r = load_recipe(p)
-            tasks.append(EvalTask(p.stem, r.task, list(r.rewards), r.seed if seed is None else seed,
-                                  f"recipe {spec}"))
+            tasks.append(EvalTask(p.stem, r.task, list(r.rewards), r.task.data_seed, f"recipe {spec}"))
             continue
         names = _gym_names()
         if spec not in names:
@@ -186,9 +187,10 @@ def resolve_tasks(specs: list[str], target: Target, seed: int | None = None) -> 
         base = target.recipe.task if target.recipe is not None else TaskConfig(name=spec)
         cfg = TaskConfig(source="reasoning_gym", name=spec, system_prompt=base.system_prompt,
                          prompt_template=base.prompt_template)
-        default_seed = target.recipe.seed if target.recipe is not None else 0
-        tasks.append(EvalTask(spec, cfg, [RewardConfig(type="short_answer")],
-                              default_seed if seed is None else seed, f"reasoning_gym {spec}"))
+        tasks.append(EvalTask(spec, cfg, [RewardConfig(type="short_answer")], cfg.data_seed, f"reasoning_gym {spec}"))
+    if seed is not None:
+        for t in tasks:
+            t.task, t.seed = t.task.model_copy(update={"data_seed": seed}), seed
     seen: dict[str, int] = {}
     for t in tasks:  # distinct names for the per-task breakdown
         seen[t.name] = seen.get(t.name, 0) + 1

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import heapq
 import math
-from statistics import NormalDist
 from typing import Any, Literal
 
 from pydantic import Field
@@ -26,20 +25,8 @@ from adarl.allocate.base import Stateless, fit
 from adarl.budget import Budget
 from adarl.registry import STRICT, register
 from adarl.select.store import DifficultyStore
+from adarl.stats import t_quantile
 from adarl.types import Group, Problem, PromptId
-
-
-def t_quantile(p: float, dof: int) -> float:
-    """Student-t quantile: exact for 1 and 2 degrees of freedom, Cornish–Fisher beyond (< 0.2% error)."""
-    if dof == 1:
-        return math.tan(math.pi * (p - 0.5))
-    if dof == 2:
-        return (2 * p - 1) / math.sqrt(2 * p * (1 - p))
-    z = NormalDist().inv_cdf(p)
-    v = float(dof)
-    return (z + (z**3 + z) / (4 * v) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * v**2)
-            + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * v**3)
-            + (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / (92160 * v**4))
 
 
 def half_width(n: int, std: float, alpha: float) -> float:

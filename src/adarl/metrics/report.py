@@ -15,7 +15,10 @@ What it reads from each run directory:
   spread and the response length distribution over training.
 
 A comparison directory is ``<dir>/<recipe>/seed<k>/``: each recipe is drawn as the mean over its
-seeds with a min–max band, on a common token grid.
+seeds with a min–max band, on a common token grid. Its summary holds the tables of `adarl.compare`
+(per recipe, paired differences to the baseline, per run with Wilson intervals), with the budget,
+baseline and target rule its ``comparison.json`` names. Every run's health flags
+(`adarl.metrics.health`) are shown: in the single-run summary, or in the comparison's runs table.
 """
 
 from __future__ import annotations
@@ -441,25 +444,33 @@ def _fmt(value: Any, digits: int = 3) -> str:
     return str(value)
 
 
-def runs_table(groups: list[Group]) -> str:
-    from adarl.compare import fmt_tokens, summarize_run
-    from adarl.metrics.progress import format_duration
+def comparison_result(path: Path, groups: list[Group]) -> dict[str, Any]:
+    """`adarl.compare.aggregate` of the groups, with the settings the comparison.json in `path` holds."""
+    from adarl.compare import aggregate, saved_settings, summarize_run
 
-    rows = []
-    for g in groups:
-        for run in g.runs:
-            s = summarize_run(run.dir, run.seed)
-            last = next((r for r in reversed(run.rows) if r.get("eval/pass@1") is not None), {})
-            rows.append([g.name, _fmt(run.seed), s.status, _fmt(s.steps), fmt_tokens(s.tokens),
-                         _fmt(last.get("eval/pass@1")), format_duration(s.wall_s), str(run.dir)])
-    return _table(["recipe", "seed", "status", "steps", "tokens", "last eval pass@1", "wall time", "directory"],
-                  rows)
+    saved = saved_settings(path)
+    names = [g.name for g in groups]
+    return aggregate({g.name: [summarize_run(r.dir, r.seed) for r in g.runs] for g in groups}, saved["target"],
+                     saved["budget_tokens"], baseline=saved["baseline"] if saved["baseline"] in names else None,
+                     target_gain=saved["target_gain"])
+
+
+def runs_table(path: Path, groups: list[Group]) -> str:
+    """Per run: pass@1 at the budget with its Wilson interval, AUC, tokens to target, health, directory."""
+    from adarl.compare import seed_rows
+
+    result = comparison_result(path, groups)
+    header, rows = seed_rows(result)
+    dirs = [run["dir"] for rec in result["recipes"] for run in rec["runs"]]
+    classes = ["flagged" if row[-1] != "ok" else "" for row in rows]
+    return _table([*header, "directory"], [[*row, d] for row, d in zip(rows, dirs, strict=True)], classes)
 
 
 def run_summary(run: Run) -> str:
-    """Key facts of a single run."""
+    """Key facts of a single run, its health flags among them."""
     from adarl.compare import fmt_tokens, summarize_run
     from adarl.metrics.progress import format_duration
+    from adarl.stats import wilson
 
     s = summarize_run(run.dir, run.seed)
     evals = [(r["step"], r["eval/pass@1"]) for r in run.rows if r.get("eval/pass@1") is not None]
@@ -468,11 +479,14 @@ def run_summary(run: Run) -> str:
             ["rollouts", _fmt(last.get("rollouts"))], ["wall time", format_duration(s.wall_s)]]
     if evals:
         (s0, p0), (s1, p1) = evals[0], evals[-1]
-        rows.append(["held-out greedy pass@1", f"{p0:.3f} at step {s0} → {p1:.3f} at step {s1}"])
+        n = f" (Wilson 95% [{{:.3f}}, {{:.3f}}] on {s.n_eval} problems)" if s.n_eval else ""
+        rows.append(["held-out greedy pass@1", f"{p0:.3f} at step {s0} → {p1:.3f} at step {s1}"
+                     + (n.format(*wilson(p1, s.n_eval)) if s.n_eval else "")])
     train = [r for r in run.rows if r.get("reward") is not None]
     if train:
         rows.append(["training reward (last step)", _fmt(train[-1]["reward"])])
-    return _table(["", ""], rows)
+    rows.append(["health", "; ".join(s.flags) or "no flags"])
+    return _table(["", ""], rows, ["flagged" if i == len(rows) - 1 and s.flags else "" for i in range(len(rows))])
 
 
 ROLLOUTS_FILE = "rollouts.jsonl"
@@ -515,26 +529,19 @@ def rollouts_section(groups: list[Group]) -> str:
 
 
 def summary_table(path: Path, groups: list[Group], comparison: bool) -> str:
-    from adarl.compare import aggregate, summarize_run, summary_rows
+    from adarl.compare import NOTES, paired_rows, summary_rows
 
     if not comparison:
         return run_summary(groups[0].runs[0])
-    if comparison and (path / "comparison.json").is_file():
-        try:
-            saved = json.loads((path / "comparison.json").read_text())
-            target = saved.get("target", {}).get("pass@1") if saved.get("target", {}).get("from") == "given" else None
-            budget = saved.get("budget_tokens")
-        except (json.JSONDecodeError, AttributeError):
-            target, budget = None, None
-    else:
-        target, budget = None, None
-    result = aggregate({g.name: [summarize_run(r.dir, r.seed) for r in g.runs] for g in groups}, target, budget)
+    result = comparison_result(path, groups)
     header, rows = summary_rows(result)
-    extra = ""
-    if result["target"]["pass@1"] is not None:
-        extra = (f"<p class=note>Target pass@1 {result['target']['pass@1']:.3f} ({result['target']['from']}). "
-                 "Intervals are 95% Student-t intervals over seeds; only finished runs count.</p>")
-    return _table(header, rows) + extra
+    out = _table(header, rows)
+    p_header, p_rows = paired_rows(result)
+    if p_rows:
+        out += (f"<p class=note>Against the baseline {html.escape(str(result['baseline']))}: per seed, this "
+                f"recipe minus the baseline's run with the same seed (same held-out problems).</p>"
+                + _table(p_header, p_rows))
+    return out + f"<p class=note>{html.escape(NOTES)}</p>"
 
 
 # ---------------------------------------------------------------- the page
@@ -552,7 +559,7 @@ figcaption { font-size: 13px; font-weight: 600; margin: 2px 4px 6px; }
 .note { color: #666; font-size: 12px; margin: 4px; }
 table { border-collapse: collapse; font-size: 12.5px; margin: 6px 0; }
 th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: left; vertical-align: top; }
-th { background: #f4f4f4; } tr.diff td { background: #fff4c2; }
+th { background: #f4f4f4; } tr.diff td { background: #fff4c2; } tr.flagged td { background: #fde2e1; }
 summary { cursor: pointer; font-size: 13px; margin: 8px 0; color: #444; }
 td { font-variant-numeric: tabular-nums; max-width: 420px; overflow-wrap: anywhere; }
 pre { white-space: pre-wrap; font-size: 12px; margin: 4px; }
@@ -627,7 +634,7 @@ def render(path: Path) -> str:
                                    lambda err: f"<p class=note>{html.escape(repr(err))}</p>"),
     ]
     if comparison:
-        sections.append("<h2>Runs</h2>" + _safe(lambda: runs_table(groups),
+        sections.append("<h2>Runs</h2>" + _safe(lambda: runs_table(path, groups),
                                                 lambda err: f"<p class=note>{html.escape(repr(err))}</p>"))
     return ("<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8>"
             f"<title>adarl report: {html.escape(path.resolve().name)}</title>"

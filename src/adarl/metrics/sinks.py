@@ -1,23 +1,30 @@
-"""Where per-step metrics go: ``metrics.jsonl`` (one JSON object per step) and TensorBoard.
+"""Where per-step metrics go: ``metrics.jsonl`` (one JSON object per step), TensorBoard, and the
+trackers of `adarl.metrics.trackers` (W&B offline, MLflow) that ``log.trackers`` names.
 
 Each JSON line is flushed and fsynced as it is written, and TensorBoard is flushed after each
 row, so a crashed (even SIGKILLed) run keeps every finished step. Non-finite floats are written
 as ``null``; numpy/torch scalars and arrays become plain JSON. On resume,
 ``MetricsWriter.truncate_after(run_dir, step)`` drops the rows of steps that will be redone (the
 writer does it itself when given ``resume_step``; ``resume_step=-1`` starts both sinks afresh).
+Trackers get each row's finite numbers; one that fails mid-run is switched off with a warning.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from adarl.metrics import trackers as tracking
+
+logger = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
 TB_DIR = "tb"
@@ -76,11 +83,22 @@ class MetricsWriter:
     With ``resume_step`` set, rows after that step are dropped first and TensorBoard is told to
     hide the old events after that step (``purge_step``); ``-1`` drops every earlier row and event,
     for a run that starts over in a directory a killed attempt wrote to.
+
+    `trackers` names more sinks (``wandb``, ``mlflow``; ``tensorboard`` is the same as
+    ``tensorboard=True``); `config` is the resolved recipe: logged to each tracker, and its ``log``
+    section holds their settings. With ``resume_step >= 0`` they continue the runs that
+    ``run_dir/trackers.json`` names; otherwise they start new ones. One that cannot start raises
+    `adarl.metrics.trackers.TrackerError` here, before any row is written.
     """
 
-    def __init__(self, run_dir: str | Path, tensorboard: bool = True, resume_step: int | None = None) -> None:
+    def __init__(self, run_dir: str | Path, tensorboard: bool = True, resume_step: int | None = None,
+                 trackers: Sequence[str] = (), config: Mapping[str, Any] | None = None) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._tracker_names = [name for name in trackers if name != "tensorboard"]
+        self._config = to_jsonable(dict(config)) if config is not None else None
+        self._trackers = tracking.start_trackers(self._tracker_names, self.run_dir, self._config,
+                                                 resume=resume_step is not None and resume_step >= 0)
         self.path = self.run_dir / METRICS_FILE
         for stale in self.run_dir.glob(f".{METRICS_FILE}.*"):  # left by a truncation that was killed
             stale.unlink(missing_ok=True)
@@ -94,7 +112,7 @@ class MetricsWriter:
             self._file.write("\n")
             self._file.flush()
         self._tb = None
-        if tensorboard:
+        if tensorboard or "tensorboard" in trackers:
             from torch.utils.tensorboard import SummaryWriter
 
             self._tb = SummaryWriter(log_dir=str(self.run_dir / TB_DIR), purge_step=purge, flush_secs=30)
@@ -125,7 +143,31 @@ class MetricsWriter:
                 if tag != "step":
                     self._tb.add_scalar(tag, value, global_step=step)
             self._tb.flush()  # a SIGKILL must not lose steps a checkpoint already covers
+        if self._trackers:
+            numbers = {tag: value for tag, value in numeric_items(clean) if tag != "step"}
+            for name, tracker in list(self._trackers.items()):
+                try:
+                    tracker.log(numbers, step)
+                except Exception as err:  # a tracker must never stop training
+                    logger.warning("%s failed at step %d and is switched off for this run: %r", name, step, err)
+                    tracking.close_trackers({name: self._trackers.pop(name)})
         return clean
+
+    def log_artifact(self, path: str | Path) -> None:
+        """Add the file `path` (e.g. the report) to each tracker's run; works after `close` too.
+
+        A failure is a warning: the file is on disk either way.
+        """
+        if not self._tracker_names:
+            return
+        try:
+            if self._file is not None:
+                for tracker in self._trackers.values():
+                    tracker.log_artifact(Path(path))
+            else:  # closed: reopen the stored runs for it
+                tracking.log_artifact_later(self._tracker_names, self.run_dir, path, self._config)
+        except Exception as err:
+            logger.warning("trackers: could not log %s as an artifact: %r", path, err)
 
     log = write
 
@@ -134,7 +176,7 @@ class MetricsWriter:
             self._tb.flush()
 
     def close(self) -> None:
-        """Flush and close both sinks (safe to call twice)."""
+        """Flush and close every sink and tracker (safe to call twice)."""
         if self._file is not None:
             self._file.close()
             self._file = None
@@ -142,6 +184,8 @@ class MetricsWriter:
             self._tb.flush()
             self._tb.close()
             self._tb = None
+        trackers, self._trackers = self._trackers, {}
+        tracking.close_trackers(trackers)
 
     def __enter__(self) -> MetricsWriter:
         return self

@@ -109,19 +109,41 @@ def split_held_out(
     return train, held
 
 
-def build_task(cfg: TaskConfig, seed: int) -> TaskSource:
-    """Build the task `cfg` describes; `cfg.seed` wins over `seed` (the recipe's) when set."""
-    seed = cfg.seed if cfg.seed is not None else seed
+def build_task(cfg: TaskConfig, seed: int | None = None) -> TaskSource:
+    """Build the task `cfg` describes. Its problems and held-out split depend on `cfg.data_seed` only.
+
+    `seed` (the recipe's training seed, passed by older callers) is not used: the training seed varies
+    sampling and the order prompts are drawn in, never which problems there are, so every seed of a
+    comparison is scored on the same held-out set. A `cfg.eval_size` left at its default on a finite
+    task (a jsonl file without eval_path, humaneval) with fewer than twice that many distinct problems
+    becomes half of them; the number is written back to `cfg.eval_size`, so config.yaml records it.
+    """
+    del seed  # see the docstring: the data seed alone decides the task
+    if cfg.source not in ("reasoning_gym", "jsonl", "humaneval", "hf_datasets"):
+        raise ValueError(f"unknown task source '{cfg.source}' (choices: reasoning_gym, jsonl, humaneval, hf_datasets)")
+    if cfg.source == "hf_datasets":  # it applies the eval_size default below itself, reading the data once
+        from adarl.tasks.hf_datasets import load_hf_datasets
+
+        return load_hf_datasets(cfg, cfg.data_seed)
+    if "eval_size" not in cfg.model_fields_set and cfg.source != "reasoning_gym" and not cfg.eval_path:
+        if cfg.source == "humaneval":
+            from adarl.tasks.humaneval import N_PROBLEMS as distinct
+        else:
+            from adarl.tasks.jsonl import read_jsonl
+
+            distinct = len(dedupe(read_jsonl(cfg.path or "", cfg)))
+        if 2 * cfg.eval_size > distinct:
+            log.info("%s has %d distinct problems: holding out %d (task.eval_size defaults to %d)",
+                     cfg.path or cfg.source, distinct, distinct // 2, cfg.eval_size)
+            cfg.eval_size = distinct // 2
     if cfg.source == "reasoning_gym":
         from adarl.tasks.reasoning_gym import load_reasoning_gym
 
-        return load_reasoning_gym(cfg, seed)
+        return load_reasoning_gym(cfg, cfg.data_seed)
     if cfg.source == "jsonl":
         from adarl.tasks.jsonl import load_jsonl
 
-        return load_jsonl(cfg, seed)
-    if cfg.source == "humaneval":
-        from adarl.tasks.humaneval import load_humaneval
+        return load_jsonl(cfg, cfg.data_seed)
+    from adarl.tasks.humaneval import load_humaneval
 
-        return load_humaneval(cfg, seed)
-    raise ValueError(f"unknown task source '{cfg.source}' (choices: reasoning_gym, jsonl, humaneval)")
+    return load_humaneval(cfg, cfg.data_seed)

@@ -63,10 +63,10 @@ def to_problem(row: dict[str, Any], cfg: TaskConfig) -> Problem:
     )
 
 
-def load_humaneval(cfg: TaskConfig, seed: int) -> TaskSource:
+def load_humaneval(cfg: TaskConfig, data_seed: int) -> TaskSource:
     """All 164 problems: ``cfg.eval_size`` held out by a seeded shuffle, the rest for training."""
     problems = [to_problem(row, cfg) for row in read_rows()]
-    train, held = split_held_out(problems, cfg.eval_size, f"adarl:humaneval:{seed}", what="humaneval")
+    train, held = split_held_out(problems, cfg.eval_size, f"adarl:humaneval:{data_seed}", what="humaneval")
     if not train:
         log.info("humaneval: every problem is held out for eval (task.eval_size=%d); training is empty",
                  cfg.eval_size)

@@ -215,7 +215,7 @@ def read_jsonl(path: str | Path, cfg: TaskConfig, bad: BadLines | None = None) -
     return problems
 
 
-def load_jsonl(cfg: TaskConfig, seed: int) -> TaskSource:
+def load_jsonl(cfg: TaskConfig, data_seed: int) -> TaskSource:
     """Training and eval problems from `cfg.path` (and `cfg.eval_path`)."""
     if not cfg.path:
         raise ValueError("task.path is required for source 'jsonl'")
@@ -238,5 +238,5 @@ def load_jsonl(cfg: TaskConfig, seed: int) -> TaskSource:
                 f"{cfg.path}: task.eval_size is {cfg.eval_size} but the file has only {len(unique)} distinct "
                 "problems; at least one must be left for training (lower task.eval_size or set task.eval_path)"
             )
-        train, held = split_held_out(unique, cfg.eval_size, seed, what=cfg.path)
+        train, held = split_held_out(unique, cfg.eval_size, data_seed, what=cfg.path)
     return TaskSource(train=train, eval=held, name=Path(cfg.path).stem, skipped=bad.count, first_bad=bad.first)

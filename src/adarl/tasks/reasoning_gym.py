@@ -4,7 +4,7 @@ One pool of ``task.size + task.eval_size`` distinct items is drawn from the gene
 (duplicates are skipped, up to `pool_attempts` draws) and split at random into training and
 eval by `adarl.tasks.base.split_held_out`, so eval has the training distribution. A pool that
 comes up short (a small problem space) is a warning, and eval is filled first. The generator
-seed and the split seed are derived from the task seed by hashing, because reasoning-gym seeds
+seed and the split seed are derived from ``task.data_seed`` by hashing, because reasoning-gym seeds
 item ``i`` with ``seed + i``: plain ``seed`` and ``seed + 1`` would give nearly the same items.
 """
 
@@ -19,7 +19,7 @@ from adarl.config import TaskConfig
 from adarl.tasks.base import TaskSource, is_scalar, problem_id, render_prompt, split_held_out
 from adarl.types import Problem
 
-RESERVED_PARAMS = ("seed", "size")  # set from task.seed / task.size
+RESERVED_PARAMS = ("seed", "size")  # set from task.data_seed / task.size
 
 
 def derive_seed(seed: int, tag: str) -> int:
@@ -56,7 +56,8 @@ def _create(name: str, params: dict[str, Any], size: int, seed: int) -> Any:
     valid = [f.name for f in dataclasses.fields(config_cls) if f.name not in RESERVED_PARAMS]
     for key in params:
         if key in RESERVED_PARAMS:
-            raise ValueError(f"task.params.{key} for '{name}': set task.{key} instead")
+            instead = "task.data_seed (task.seed is its old name)" if key == "seed" else f"task.{key}"
+            raise ValueError(f"task.params.{key} for '{name}': set {instead} instead")
         if key not in valid:
             close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
             hint = f"; did you mean '{close[0]}'?" if close else ""
@@ -86,14 +87,14 @@ def to_problem(item: dict[str, Any], cfg: TaskConfig) -> Problem:
     )
 
 
-def load_reasoning_gym(cfg: TaskConfig, seed: int) -> TaskSource:
+def load_reasoning_gym(cfg: TaskConfig, data_seed: int) -> TaskSource:
     """One pool of distinct generator items for `cfg.name`, split into training and held-out eval."""
     name = cfg.name
     if not name:
         raise ValueError("task.name is required for source 'reasoning_gym' (e.g. basic_arithmetic)")
     wanted = cfg.size + cfg.eval_size
     attempts = pool_attempts(wanted)
-    ds = _create(name, dict(cfg.params), size=attempts, seed=derive_seed(seed, "pool"))
+    ds = _create(name, dict(cfg.params), size=attempts, seed=derive_seed(data_seed, "pool"))
     pool: list[Problem] = []
     seen: set[str] = set()
     for i in range(attempts):
@@ -109,6 +110,6 @@ def load_reasoning_gym(cfg: TaskConfig, seed: int) -> TaskSource:
             f"and task.eval_size is {cfg.eval_size}: at least one must be left for training. Lower "
             "task.eval_size, or widen task.params"
         )
-    train, held = split_held_out(pool, cfg.eval_size, derive_seed(seed, "split"), train_size=cfg.size,
+    train, held = split_held_out(pool, cfg.eval_size, derive_seed(data_seed, "split"), train_size=cfg.size,
                                  what=f"reasoning_gym generator '{name}' ({attempts} draws)")
     return TaskSource(train=train, eval=held, name=name)

@@ -27,6 +27,7 @@ from adarl.config import AdaptiveTemperature, Recipe, dump_recipe, resolve_backe
 from adarl.metrics.progress import Progress
 from adarl.metrics.sinks import MetricsWriter, read_jsonl
 from adarl.metrics.step import StepMetrics
+from adarl.metrics.trackers import check_trackers
 from adarl.models import chat_ids, load_model, load_reference
 from adarl.rewards import Rewards
 from adarl.rollout import build_generator
@@ -82,6 +83,7 @@ class Trainer:
         if recipe.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=True)
 
+        check_trackers(recipe.log.trackers, recipe.model_dump(mode="json"))  # a missing package fails here
         self.task = build_task(recipe.task, recipe.seed)
         self._check_feasible()
         self.rewards = Rewards(recipe.rewards, workers=recipe.reward_workers, timeout_s=recipe.reward_timeout_s)
@@ -490,7 +492,8 @@ class Trainer:
         checkpoint.clean_stale(self.run_dir)  # a final.tmp/final.del of a killed attempt
         # a run that starts at step 0 drops every row and event of an earlier (killed) attempt
         writer = MetricsWriter(self.run_dir, tensorboard=self.recipe.log.tensorboard,
-                               resume_step=self.step if resumed else -1)
+                               resume_step=self.step if resumed else -1,
+                               trackers=self.recipe.log.trackers, config=self.recipe.model_dump(mode="json"))
         last: dict[str, float] = {}
         for old in MetricsWriter.read(self.run_dir) if resumed else ():
             last.update(old)
@@ -546,7 +549,7 @@ class Trainer:
         try:
             from adarl.metrics.report import write_report
 
-            write_report(self.run_dir)
+            writer.log_artifact(write_report(self.run_dir))  # to the trackers too (never raises)
         except Exception as err:  # a report problem must never fail a finished run
             print(f"report: not written: {err!r}", file=sys.stderr)
         return last

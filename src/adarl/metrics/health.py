@@ -1,0 +1,115 @@
+"""Run health: warning flags read from a run's metrics rows (pure functions, no I/O).
+
+Each check returns a `Flag` naming the metric, what happened and the step where it began, or None:
+
+- ``eval_below_start``: the last held-out ``eval/pass@1`` is below the first by more than
+  `eval_drop` (0.02; one pass@1 on 400 problems is ±0.05, so a smaller drop is not flagged). It
+  began at the first eval of the final stretch of evals below that line.
+- ``rising``: ``truncated_fraction`` or ``response_length`` keeps rising: over the last `window`
+  (10) training steps that log it, at least `min_points` (5) of them, the least-squares slope is
+  positive and the fitted rise over the window, slope · (last step − first step), is at least
+  `truncated_rise` (0.05, an absolute fraction) or `length_rise` (0.2 of the window's first
+  fitted value, relative). It began at the window's lowest value (the earliest, on a tie).
+- ``entropy_collapse``: the last logged ``entropy`` is below `entropy_fraction` (0.1) of its start,
+  the mean of the first three logged values. It began at the first step of the final stretch below.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+EVAL_KEY = "eval/pass@1"
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    eval_drop: float = 0.02
+    window: int = 10
+    min_points: int = 5
+    truncated_rise: float = 0.05
+    length_rise: float = 0.2
+    entropy_fraction: float = 0.1
+
+
+@dataclass(frozen=True)
+class Flag:
+    kind: str  # eval_below_start | rising | entropy_collapse
+    metric: str
+    step: int  # where it began
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.metric}: {self.detail} (from step {self.step})"
+
+
+def series(rows: Sequence[dict[str, Any]], key: str) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, values) of the rows that have a finite number under `key`, in row order."""
+    pts = [(r["step"], float(r[key])) for r in rows if isinstance(r.get("step"), int)
+           and isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)
+           and np.isfinite(r[key])]
+    if not pts:
+        return np.zeros(0, dtype=int), np.zeros(0)
+    steps, values = zip(*pts, strict=True)
+    return np.asarray(steps), np.asarray(values, dtype=np.float64)
+
+
+def _final_stretch(steps: np.ndarray, below: np.ndarray) -> int:
+    """The first step of the run of True values that ends the series (the last value is True)."""
+    i = len(below) - 1
+    while i > 0 and below[i - 1]:
+        i -= 1
+    return int(steps[i])
+
+
+def eval_below_start(rows: Sequence[dict[str, Any]], t: Thresholds = Thresholds()) -> Flag | None:
+    steps, p = series(rows, EVAL_KEY)
+    if p.size < 2:
+        return None
+    line = p[0] - t.eval_drop
+    if not p[-1] < line:
+        return None
+    return Flag("eval_below_start", EVAL_KEY, _final_stretch(steps, p < line),
+                f"held-out pass@1 {p[-1]:.3f} at the end, below its start {p[0]:.3f}")
+
+
+def rising(rows: Sequence[dict[str, Any]], key: str, t: Thresholds = Thresholds()) -> Flag | None:
+    steps, v = series(rows, key)
+    steps, v = steps[-t.window:], v[-t.window:]
+    if v.size < t.min_points or steps[-1] == steps[0]:
+        return None
+    x = steps.astype(np.float64)
+    slope, intercept = np.polyfit(x, v, 1)
+    rise = slope * (x[-1] - x[0])
+    if key == "response_length":
+        start = slope * x[0] + intercept
+        enough = start > 0 and rise >= t.length_rise * start
+        what = f"rose {rise / start:+.0%} over the last {v.size} steps (trend)" if start > 0 else ""
+    else:
+        enough = rise >= t.truncated_rise
+        what = f"rose {rise:+.3f} over the last {v.size} steps (trend), now {v[-1]:.3f}"
+    if slope <= 0 or not enough:
+        return None
+    return Flag("rising", key, int(steps[int(np.argmin(v))]), f"keeps rising: {what}")
+
+
+def entropy_collapse(rows: Sequence[dict[str, Any]], t: Thresholds = Thresholds()) -> Flag | None:
+    steps, e = series(rows, "entropy")
+    if e.size < 4:
+        return None
+    start = float(e[:3].mean())
+    line = t.entropy_fraction * start
+    if start <= 0 or not e[-1] < line:
+        return None
+    return Flag("entropy_collapse", "entropy", _final_stretch(steps, e < line),
+                f"collapsed to {e[-1]:.3g}, below {t.entropy_fraction:.0%} of its start {start:.3g}")
+
+
+def check(rows: Sequence[dict[str, Any]], t: Thresholds = Thresholds()) -> list[Flag]:
+    """Every flag of a run, in the order: eval, truncation, length, entropy."""
+    found = [eval_below_start(rows, t), rising(rows, "truncated_fraction", t), rising(rows, "response_length", t),
+             entropy_collapse(rows, t)]
+    return [f for f in found if f is not None]
