@@ -311,3 +311,26 @@ def test_tensorboard_named_in_trackers(tmp_path) -> None:
         w.write({"step": 1, "reward": 1.0})
     assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
     assert not (tmp_path / "trackers.json").exists()
+
+
+def test_trainer_logs_every_row_and_the_report(tiny_model_dir, tmp_path, monkeypatch) -> None:
+    """End to end: a real run writes its rows, recipe and report to W&B (offline) and MLflow."""
+    from adarl.config import load_recipe
+    from adarl.train.trainer import Trainer
+    from test_train import recipe_data, write_task
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    data = recipe_data(tiny_model_dir, write_task(tmp_path), budget={"max_steps": 3, "prompts_per_step": 2},
+                       allocate={"name": "fixed", "n": 3}, eval={"every": 0, "at_start": True},
+                       log={"trackers": ["wandb", "mlflow"], "tensorboard": False, "progress": False})
+    run = tmp_path / "run"
+    Trainer(load_recipe(data=data), run).run()
+    client, run_id = mlflow_client(run)
+    assert [m.step for m in client.get_metric_history(run_id, "reward")] == [1, 2, 3]
+    assert len(client.get_metric_history(run_id, "eval.pass_at_1")) == 2  # at start and at the end
+    assert "report.html" in [a.path for a in client.list_artifacts(run_id)]
+    history = wandb_history(wandb_runs(run))
+    assert [h["_step"] for h in history if "reward" in h] == [1, 2, 3]
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [h["reward"] for h in history if "reward" in h] == [r["reward"] for r in rows if "reward" in r]
+    assert not (run / "tb").exists()  # tensorboard was not asked for
