@@ -85,6 +85,46 @@ def report_task(task: str, methods: list[str], curves: dict[str, list], budget: 
     return rows
 
 
+def paired_task(task: str, curves: dict[str, list], seeds_of: dict[str, list[int]], budget: int) -> list[dict]:
+    """Per-seed differences to uniform (same seed: same held-out problems) at `budget` tokens and in
+    normalised AUC, with t intervals over seeds; a method is better only when its interval excludes 0."""
+    from adarl.compare import at_tokens, normalised_auc
+    from adarl.stats import paired
+
+    baseline = "uniform" if "uniform" in curves else next(iter(curves))
+
+    def per_seed(method: str, fn) -> dict[int, float | None]:
+        return {s: fn(list(zip(tok.tolist(), acc.tolist(), strict=True)))
+                for s, (tok, acc) in zip(seeds_of[method], curves[method], strict=True)}
+
+    def at_budget(c):
+        return at_tokens(c, budget)
+
+    def auc(c):
+        return normalised_auc(c, budget)
+
+    base_at, base_auc = per_seed(baseline, at_budget), per_seed(baseline, auc)
+    print(f"\n#### {task}: paired differences to {baseline} at {budget:,} tokens (same seed, same held-out set)\n")
+    print("| method | paired seeds | Δ pass@1 at budget [95% CI] | W/L/T | verdict "
+          "| Δ AUC [95% CI] | W/L/T | verdict |")
+    print("|---|---|---|---|---|---|---|---|")
+    rows = []
+    for m in curves:
+        if m == baseline:
+            continue
+        p, a = paired(per_seed(m, at_budget), base_at), paired(per_seed(m, auc), base_auc)
+
+        def cell(x):
+            ci = x.get("ci95")
+            interval = f" [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else ""
+            return f"{x['mean']:+.3f}{interval}" if x.get("mean") is not None else "-"
+
+        print(f"| {m} | {p['n']} | {cell(p)} | {p['wins']}/{p['losses']}/{p['ties']} | {p['verdict']} | "
+              f"{cell(a)} | {a['wins']}/{a['losses']}/{a['ties']} | {a['verdict']} |")
+        rows.append({"method": m, "pass@1_at_budget": p, "auc": a})
+    return rows
+
+
 def plot(report: dict, path: str) -> None:
     """Seed-mean held-out pass@1 against generated tokens, one panel per task, one line per method."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -150,6 +190,8 @@ def main() -> None:
         curves = {m: cs for m, cs in curves.items() if cs}
         if curves:
             report["tasks"][task] = report_task(task, list(curves), curves, args.budget_tokens, seeds)
+            seeds_of = {m: [s for s in seeds if results[m, s] is not None] for m in curves}
+            report.setdefault("paired", {})[task] = paired_task(task, curves, seeds_of, args.budget_tokens)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, indent=2))
