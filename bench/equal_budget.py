@@ -68,7 +68,8 @@ def train_run(recipe: str, overrides: list[str], run_dir: Path, label: str, repo
 
 def budget_overrides(seed: int, budget: int, eval_every: int, eval_size: int, threads: int | None) -> list[str]:
     out = [f"seed={seed}", f"budget.max_tokens={budget}", "budget.max_steps=null", f"eval.every={eval_every}",
-           f"eval.size={eval_size}", "checkpoint.every=0", "log.progress=false", "log.tensorboard=false"]
+           f"task.eval_size={eval_size}", f"eval.size={eval_size}", "checkpoint.every=0", "log.progress=false",
+           "log.tensorboard=false"]
     return out + ([f"model.threads={threads}"] if threads else [])
 
 
