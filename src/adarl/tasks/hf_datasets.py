@@ -124,17 +124,7 @@ def read_split(rows: Any, cfg: TaskConfig, where: str, bad: BadLines | None = No
                 raise ValueError(f"{err} (set task.skip_bad_lines: true to skip bad rows)") from None
             skipped.add(str(err))
     total = len(problems) + skipped.count
-    if skipped.count:
-        if not problems:
-            raise ValueError(f"{where}: all {total} rows are bad; the first: {skipped.first}")
-        if skipped.count > cfg.max_bad_fraction * total:
-            raise ValueError(f"{where}: {skipped.count} of {total} rows are bad, more than task.max_bad_fraction "
-                             f"({cfg.max_bad_fraction:g}) allows; the first: {skipped.first}")
-        log.warning("%s: skipped %d bad row%s of %d; the first: %s", where, skipped.count,
-                    "s" if skipped.count > 1 else "", total, skipped.first)
-        if bad is not None:
-            bad.count += skipped.count
-            bad.first = bad.first or skipped.first
+    skipped.settle(where, total, len(problems), cfg, bad, unit="row")
     if not problems:
         raise ValueError(f"{where}: no rows (the split is empty)")
     return problems

@@ -135,6 +135,23 @@ class BadLines:
         if self.first is None:
             self.first = message
 
+    def settle(self, where: str, total: int, good: int, cfg: TaskConfig, into: BadLines | None,
+               unit: str = "line") -> None:
+        """After reading `total` lines (or rows), `good` of them problems: an error when all, or more
+        than `task.max_bad_fraction`, were bad; otherwise a warning, and the count added to `into`."""
+        if not self.count:
+            return
+        if not good:
+            raise ValueError(f"{where}: all {total} {unit}s are bad; the first: {self.first}")
+        if self.count > cfg.max_bad_fraction * total:
+            raise ValueError(f"{where}: {self.count} of {total} {unit}s are bad, more than task.max_bad_fraction "
+                             f"({cfg.max_bad_fraction:g}) allows; the first: {self.first}")
+        log.warning("%s: skipped %d bad %s%s of %d; the first: %s", where, self.count, unit,
+                    "s" if self.count > 1 else "", total, self.first)
+        if into is not None:
+            into.count += self.count
+            into.first = into.first or self.first
+
 
 def _parse_line(raw: bytes, n: int, path: str | Path, cfg: TaskConfig, fields: dict[str, str],
                 seen: set[str] | None = None) -> Problem | None:
@@ -191,19 +208,7 @@ def read_jsonl(path: str | Path, cfg: TaskConfig, bad: BadLines | None = None) -
             if problem is not None:
                 lines += 1
                 problems.append(problem)
-    if skipped.count:
-        if not problems:
-            raise ValueError(f"{path}: all {lines} lines are bad; the first: {skipped.first}")
-        if skipped.count > cfg.max_bad_fraction * lines:
-            raise ValueError(
-                f"{path}: {skipped.count} of {lines} lines are bad, more than task.max_bad_fraction "
-                f"({cfg.max_bad_fraction:g}) allows; the first: {skipped.first}"
-            )
-        log.warning("%s: skipped %d bad line%s of %d; the first: %s", path, skipped.count,
-                    "s" if skipped.count > 1 else "", lines, skipped.first)
-        if bad is not None:
-            bad.count += skipped.count
-            bad.first = bad.first or skipped.first
+    skipped.settle(str(path), lines, len(problems), cfg, bad)
     if not problems:
         raise ValueError(f"{path}: the file has no problems (it is empty)")
     for role, key in cfg.fields.items():  # a mapping the user wrote must match a key of the file
