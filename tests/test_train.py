@@ -98,8 +98,11 @@ def test_resume_after_hard_kill_is_exact(tiny_model_dir, tmp_path, tests_on_path
     straight = _run_cli([str(recipe), "--run-dir", str(tmp_path / "straight")], env)
     assert straight.wait(timeout=300) == 0, straight.stdout.read()
     said = straight.stdout.read().splitlines()
-    assert said[-2].startswith("done: step=6") and str(tmp_path / "straight") in said[-2]
-    assert said[-1] == f"report: {tmp_path / 'straight' / 'report.html'}"  # the end-of-run lines name the report
+    done = next(i for i, line in enumerate(said) if line.startswith("done: "))
+    assert said[done].startswith("done: step=6") and str(tmp_path / "straight") in said[done]
+    # the end-of-run lines name the report (health flags, if any, follow)
+    assert said[done + 1] == f"report: {tmp_path / 'straight' / 'report.html'}"
+    assert all(line.startswith("health: ") for line in said[done + 2:])
 
     killed_dir = tmp_path / "killed"
     proc = _run_cli([str(recipe), "--run-dir", str(killed_dir)], env)
