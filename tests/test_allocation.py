@@ -180,7 +180,7 @@ def test_gdro_weights_move_to_the_hard_bin():
     assert w[4] < 0.1  # the always-solved prompts (pass@k = 1) sink toward the mixing floor
     assert w.min() >= 0.1 / 5 - 1e-12  # the uniform mix keeps every bin alive
     assert np.isclose(w.sum(), 1.0)
-    assert np.allclose(store.extra["gdro_weights"], w)
+    assert np.allclose(store.gdro_weights, w)
 
 
 def test_pass_at_k_latest():
@@ -236,13 +236,13 @@ def test_store_round_trip_and_parquet(tmp_path):
 
     store = DifficultyStore(["a", "b"])
     store.update([group("a", [1, 0, 1]), group("b", [0, 0])], step=1)
-    store.extra["gdro_weights"] = np.array([0.5, 0.5])
+    store.gdro_weights = np.array([0.5, 0.5])
     state = store.state_dict()
     other = DifficultyStore(["a", "b"])
     other.load_state_dict(state)
     for name in ("alpha", "beta", "trials", "reward_m2", "mean_length", "last_step"):
         np.testing.assert_array_equal(getattr(other, name), getattr(store, name))
-    assert other.extra["gdro_weights"].tolist() == [0.5, 0.5]
+    assert other.gdro_weights.tolist() == [0.5, 0.5]
     # Welford over rewards (1, 0, 1): mean 2/3, sample variance 1/3
     assert store.reward_mean[0] == pytest.approx(2 / 3)
     assert store.reward_std(np.array([0]))[0] == pytest.approx(math.sqrt(1 / 3))

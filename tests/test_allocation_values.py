@@ -103,7 +103,7 @@ def test_rollout_gdro_square_root_rule_by_hand() -> None:
 def test_rollout_gdro_weights_enter_the_square_root() -> None:
     gdro = RolloutGdro(k=1)
     store = gdro_store()
-    store.extra["gdro_weights"] = np.array([0.45, 0.05, 0.1, 0.05, 0.35])  # Prompt-GDRO's
+    store.gdro_weights = np.array([0.45, 0.05, 0.1, 0.05, 0.35])  # Prompt-GDRO's
     # bin 0: sqrt(0.45·0.21·1280) = sqrt(120.96) = 11.0 → 11;  bin 2: sqrt(0.1·0.25·1280) = sqrt(32) = 5.66 → 6
     # bin 4: sqrt(0.35·0.0196·1280) = sqrt(8.78) = 2.96 → 3, raised to 4
     assert gdro.plan(PROBLEMS, store, Budget()) == {"a": 11, "b": 11, "c": 6, "d": 4}

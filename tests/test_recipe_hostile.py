@@ -172,3 +172,27 @@ def test_field_mapping_that_matches_no_key_is_named(fields, expected, tmp_path, 
     line = _line(result)
     for part in expected:
         assert part in line, line
+
+
+def test_prompt_and_rollout_gdro_bins_must_match(tmp_path, deadline):
+    from adarl.config import RecipeError, load_recipe
+
+    data = base(tmp_path)
+    data.update(select={"name": "gdro", "bins": 4}, allocate={"name": "gdro"})  # allocate's default: 5 bins
+    with pytest.raises(RecipeError, match="'allocate.bins' is 5 but 'select.bins' is 4"):
+        load_recipe(data=data)
+    data["allocate"] = {"name": "gdro", "bins": 4}
+    assert load_recipe(data=data).allocate["bins"] == 4
+
+
+def test_old_store_checkpoints_keep_the_gdro_weights():
+    import numpy as np
+
+    from adarl.select.store import DifficultyStore
+
+    store = DifficultyStore(["a", "b"])
+    state = store.state_dict()
+    state.pop("gdro_weights")
+    state["extra"] = {"gdro_weights": np.array([0.25, 0.75])}  # as written before the typed field
+    store.load_state_dict(state)
+    assert store.gdro_weights.tolist() == [0.25, 0.75]

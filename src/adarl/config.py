@@ -468,6 +468,13 @@ def _read_yaml(path: Path, shown: str) -> Any:
 
 def _check_components(recipe: Recipe) -> list[str]:
     lines = []
+    if recipe.select.get("name") == "gdro" and recipe.allocate.get("name") == "gdro":
+        # Rollout-GDRO reads Prompt-GDRO's bin weights: one weight per bin
+        bins = [registry.component_class(stage, "gdro").__pydantic_fields__["bins"].default if "bins" not in spec
+                else spec["bins"] for stage, spec in (("select", recipe.select), ("allocate", recipe.allocate))]
+        if bins[0] != bins[1]:
+            lines.append(f"'allocate.bins' is {bins[1]} but 'select.bins' is {bins[0]}: Rollout-GDRO reads "
+                         "Prompt-GDRO's weight of each bin, so both need the same bins")
     for stage in registry.STAGES:
         value = getattr(recipe, stage)
         if stage in registry.LIST_STAGES:

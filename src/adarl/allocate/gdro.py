@@ -46,7 +46,10 @@ class RolloutGdro:
     def plan(self, problems: list[Problem], store: DifficultyStore, budget: Budget) -> dict[PromptId, int]:
         idx = np.array([store.index[p.id] for p in problems])
         bins = difficulty_bins(store, idx, self.bins, self.k)
-        weights = store.extra.get("gdro_weights", np.full(self.bins, 1.0 / self.bins))
+        weights = store.gdro_weights if store.gdro_weights is not None else np.full(self.bins, 1.0 / self.bins)
+        if len(weights) != self.bins:
+            raise ValueError(f"Rollout-GDRO has {self.bins} bins but Prompt-GDRO's weights have {len(weights)}: "
+                             "set allocate.bins to select.bins")
         p = store.pass_estimate(idx)
         counts = np.zeros(len(idx), dtype=np.int64)
         for g in np.unique(bins):

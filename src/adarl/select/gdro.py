@@ -8,7 +8,8 @@ f_g the fraction of the batch drawn from bin g:
     L̄_g ← (1 − ν) L̄_g + ν ℓ_g / f_g        (dividing by f_g: frequent bins gain no weight
                                               just by being sampled)
     w_g ← w_g · exp(η_w L̄_g);  normalise;  w ← (1 − γ) w + γ/K
-The weights are shared through the store (`store.extra["gdro_weights"]`) for Rollout-GDRO.
+The weights are published on the store (`store.gdro_weights`) for Rollout-GDRO, whose `bins`
+must match (checked when the recipe loads).
 Constants `_guess`: K = 5, k = 8, ν = 0.1, η_w = 0.1, γ = 0.1.
 """
 
@@ -95,7 +96,7 @@ class PromptGdro:
         w /= w.sum()
         self.weights = (1 - self.mix) * w + self.mix / self.bins
         bin_of[idx] = difficulty_bins(store, idx, self.bins, self.k)  # prompts may change bin
-        store.extra["gdro_weights"] = self.weights.copy()
+        store.gdro_weights = self.weights.copy()
 
     def state_dict(self) -> dict[str, Any]:
         return {"weights": self.weights.copy(), "loss": self.loss.copy()}

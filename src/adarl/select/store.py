@@ -51,7 +51,8 @@ class DifficultyStore:
         self.reward_m2 = np.zeros(n)
         self.mean_length = np.full(n, np.nan)
         self.step = 0
-        self.extra: dict[str, Any] = {}  # shared method state (e.g. Prompt-GDRO's bin weights)
+        # Prompt-GDRO's bin weights w_g, which Rollout-GDRO reads (None: no Prompt-GDRO selector)
+        self.gdro_weights: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -119,7 +120,7 @@ class DifficultyStore:
         state = {name: getattr(self, name).copy() for name in _ARRAYS}
         state["step"] = self.step
         state["ids"] = self.ids
-        state["extra"] = {k: np.copy(v) for k, v in self.extra.items()}
+        state["gdro_weights"] = None if self.gdro_weights is None else self.gdro_weights.copy()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -128,7 +129,9 @@ class DifficultyStore:
         for name in _ARRAYS:
             setattr(self, name, np.array(state[name]))
         self.step = state["step"]
-        self.extra = {k: np.copy(v) for k, v in state.get("extra", {}).items()}
+        # checkpoints before the typed field kept the weights in an untyped "extra" dict
+        weights = state.get("gdro_weights", state.get("extra", {}).get("gdro_weights"))
+        self.gdro_weights = None if weights is None else np.array(weights, dtype=float)
 
     def to_parquet(self, path: str | Path) -> Path:
         """Write one row per prompt (id plus every array) for users to query."""
