@@ -43,9 +43,9 @@ def simulate(problems: dict[str, Problem], counts: dict[str, int], truth: np.nda
 def run(n_prompts: int, k: int, steps: int, select: dict, allocate: dict, seed: int = 0) -> float:
     rng = np.random.default_rng(seed)
     ids = [f"q{i}" for i in range(n_prompts)]
-    store = DifficultyStore(ids)
     truth = rng.beta(0.5, 0.5, size=n_prompts)
     selector, allocator = registry.build("select", select), registry.build("allocate", allocate)
+    store = DifficultyStore(ids, *selector.store_decay())
     times = []
     for step in range(1, steps + 1):
         budget = Budget(rollouts_per_step=k * 8)

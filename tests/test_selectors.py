@@ -103,3 +103,13 @@ def test_band_must_be_ordered_and_the_registry_builds_it() -> None:
     selector = build("select", {"name": "curriculum", "low": 0.3, "high": 0.6})
     assert isinstance(selector, Curriculum) and (selector.low, selector.high, selector.pool) == (0.3, 0.6, 4.0)
     assert selector.state_dict() == {}
+
+
+def test_every_selector_declares_its_store_decay():
+    """VADE owns its decay factors (the trainer hands them to the store); the others keep all evidence."""
+    from adarl import registry
+
+    assert registry.build("select", {"name": "vade", "gamma_short": 0.3, "gamma_long": 0.8}).store_decay() == (0.3, 0.8)
+    for name in registry.names("select"):
+        if name != "vade":
+            assert registry.build("select", {"name": name}).store_decay() == (1.0, 1.0), name

@@ -18,6 +18,10 @@ class PromptSelector(Protocol):
         """Called after the store was updated with the step's groups (prompts `idx`)."""
         ...
 
+    def store_decay(self) -> tuple[float, float]:
+        """(γ_short, γ_long): the posterior decay the difficulty store applies (1, 1: none)."""
+        ...
+
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
@@ -35,7 +39,14 @@ def candidates(store: DifficultyStore, m: int, rng: np.random.Generator) -> np.n
     return rng.permutation(out)[:m]
 
 
-class Stateless:
+class NoDecay:
+    """Mixin for selectors whose difficulty store keeps all evidence (no posterior decay)."""
+
+    def store_decay(self) -> tuple[float, float]:
+        return 1.0, 1.0
+
+
+class Stateless(NoDecay):
     """Mixin for selectors that learn nothing across steps beyond what the store holds."""
 
     def observe(self, store: DifficultyStore, idx: np.ndarray) -> None:

@@ -22,6 +22,7 @@ from pydantic import Field
 from pydantic.dataclasses import dataclass
 
 from adarl.registry import STRICT, register
+from adarl.select.base import NoDecay
 from adarl.select.store import DifficultyStore
 
 
@@ -43,7 +44,7 @@ def difficulty_bins(store: DifficultyStore, idx: np.ndarray, bins: int, k: int) 
 
 @register("select", "gdro")
 @dataclass(config=STRICT)
-class PromptGdro:
+class PromptGdro(NoDecay):
     bins: int = Field(5, gt=1)
     k: int = Field(8, gt=0)
     ema: float = Field(0.1, gt=0.0, le=1.0)  # ν

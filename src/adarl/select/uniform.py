@@ -8,12 +8,13 @@ import numpy as np
 from pydantic.dataclasses import dataclass
 
 from adarl.registry import STRICT, register
+from adarl.select.base import NoDecay
 from adarl.select.store import DifficultyStore
 
 
 @register("select", "uniform")
 @dataclass(config=STRICT)
-class Uniform:
+class Uniform(NoDecay):
     def __post_init__(self) -> None:
         self.order: list[int] = []
         self.cursor = 0

@@ -2,8 +2,8 @@
 
 For each of M·B uniformly drawn candidates q:  p̃_q ~ Beta(α_q, β_q),
 score_q = p̃_q (1 − p̃_q)  (the Bernoulli variance: the expected GRPO signal), take the top B.
-Posteriors decay on two scales (short: each use; long: γ_l^Δt for Δt unseen steps), which the
-store applies; this selector sets the store's decay factors.
+Posteriors decay on two scales (short: each use; long: γ_l^Δt for Δt unseen steps). The store
+applies them; this selector owns the factors (`store_decay`), which the trainer gives the store.
 Constants are adarl's reading of the abstract: γ_s = 0.5, γ_l = 0.99, M = 4 (all `_guess`).
 """
 
@@ -25,8 +25,10 @@ class Vade(Stateless):
     gamma_long: float = Field(0.99, gt=0.0, le=1.0)
     pool: float = Field(4.0, ge=1.0)  # M: candidates per selected prompt
 
+    def store_decay(self) -> tuple[float, float]:
+        return self.gamma_short, self.gamma_long
+
     def select(self, store: DifficultyStore, k: int, rng: np.random.Generator) -> list[int]:
-        store.gamma_short, store.gamma_long = self.gamma_short, self.gamma_long
         pool = candidates(store, int(np.ceil(self.pool * k)), rng)
         alpha, beta = store.posterior(pool)
         p = rng.beta(alpha, beta)

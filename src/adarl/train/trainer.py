@@ -104,7 +104,8 @@ class Trainer:
         self.budget = Budget(recipe.budget.max_tokens, recipe.budget.tokens_per_step,
                              recipe.budget.rollouts_per_step, expected_length=recipe.rollout.max_new_tokens)
         self.np_rng = np.random.default_rng(recipe.seed)
-        self.store = DifficultyStore([p.id for p in self.task.train])
+        gamma_short, gamma_long = self.selector.store_decay()  # the selector owns its decay (VADE)
+        self.store = DifficultyStore([p.id for p in self.task.train], gamma_short, gamma_long)
         if recipe.train.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
         self.pad_id = self.generator.pad_id
