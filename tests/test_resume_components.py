@@ -143,3 +143,15 @@ def test_prompt_gdro_always_selects_k_prompts():
     for seed in range(20):
         picked = gdro.select(store, 4, np.random.default_rng(seed))
         assert len(picked) == 4 and len(set(picked)) == 4
+
+
+def test_every_component_answers_the_stage_contract():
+    """metrics(), state_dict() and load_state_dict() on every registered component (defaults when it keeps nothing)."""
+    specs = {("allocate", "xrpo"): {"n": 4}, ("advantage", "hbpo"): {"max_len": 8},
+             ("shaping", "hbpo"): {"max_len": 8},
+             ("shaping", "fapo"): {"judge": "shaping_judges:flawed_if_marked", "workers": 1}}
+    for stage in registry.STAGES:
+        for name in registry.names(stage):
+            c = registry.build(stage, {"name": name, **specs.get((stage, name), {})})
+            assert isinstance(c.metrics(), dict) and isinstance(c.state_dict(), dict), (stage, name)
+            c.load_state_dict(c.state_dict())

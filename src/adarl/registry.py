@@ -41,6 +41,23 @@ _loaded = False
 T = TypeVar("T")
 
 
+def _no_metrics(self) -> dict[str, Any]:
+    return {}
+
+
+def _no_state(self) -> dict[str, Any]:
+    return {}
+
+
+def _load_no_state(self, state: dict[str, Any]) -> None:
+    pass
+
+
+# every stage object answers these (the trainer logs and checkpoints them by contract); a
+# component that keeps nothing gets these defaults when it registers
+CONTRACT = {"metrics": _no_metrics, "state_dict": _no_state, "load_state_dict": _load_no_state}
+
+
 def register(stage: str, name: str) -> Callable[[type[T]], type[T]]:
     if stage not in _REGISTRY:
         raise ValueError(f"unknown stage {stage!r}; stages are {', '.join(STAGES)}")
@@ -48,6 +65,9 @@ def register(stage: str, name: str) -> Callable[[type[T]], type[T]]:
     def wrap(cls: type[T]) -> type[T]:
         _REGISTRY[stage][name] = cls
         cls.registered_name = name  # type: ignore[attr-defined]
+        for method, default in CONTRACT.items():
+            if not hasattr(cls, method):
+                setattr(cls, method, default)
         return cls
 
     return wrap

@@ -287,7 +287,7 @@ class Trainer:
             shaping(groups, self.recipe.rollout.max_new_tokens)
             column = np.concatenate([g.rewards[:, g.reward_names.index(shaping.column)] for g in groups])
             metrics.mean(f"reward/{shaping.column}", float(column.mean()), len(column))
-            metrics.update({f"shaping/{k}": v for k, v in getattr(shaping, "metrics", dict)().items()})
+            metrics.update({f"shaping/{k}": v for k, v in shaping.metrics().items()})
 
     def learn(self, batch: Batch, metrics: dict[str, Any]) -> None:
         """Advantages, token weights and the policy update of a verified batch."""
@@ -412,7 +412,7 @@ class Trainer:
         return {
             "step": self.step,
             "budget": self.budget.state_dict(),
-            "components": {name: c.state_dict() for name, c in self.components().items() if hasattr(c, "state_dict")},
+            "components": {name: c.state_dict() for name, c in self.components().items()},
             "generator": self.generator.state_dict(),
             "rollout_scheduler": self.rollouts.state_dict(),
             "scheduler": self.learner.scheduler.state_dict(),
@@ -431,7 +431,7 @@ class Trainer:
         # checkpoints written before "components" held the selector's and the allocator's state only
         saved = state.get("components") or {"selector": state["selector"], "allocator": state["allocator"]}
         for name, component in self.components().items():
-            if name in saved and hasattr(component, "load_state_dict"):
+            if name in saved:
                 component.load_state_dict(saved[name])
         self.generator.load_state_dict(state["generator"])
         if "rollout_scheduler" in state:
