@@ -108,3 +108,23 @@ def test_evaluate_shows_progress(data, tmp_path, capfd):
     api.evaluate(run, k=[1, 2])
     err = capfd.readouterr().err
     assert "greedy: 4/4 rows" in err and "2 samples: 8/8 rows" in err
+
+
+def test_schema_lists_every_component_with_its_options():
+    import json
+
+    from typer.testing import CliRunner
+
+    from adarl import cli, registry
+
+    result = CliRunner().invoke(cli.app, ["schema"])
+    assert result.exit_code == 0
+    schema = json.loads(result.output)
+    assert "budget" in schema["recipe"]["properties"]
+    for stage in registry.STAGES:
+        assert sorted(schema["components"][stage]) == registry.names(stage)
+    dapo = schema["components"]["allocate"]["dapo"]["properties"]
+    assert dapo["metric"]["default"] == "acc" and dapo["max_batches"]["minimum"] == 0
+    one = CliRunner().invoke(cli.app, ["schema", "loss"])
+    assert one.exit_code == 0 and "bapo" in json.loads(one.output)
+    assert CliRunner().invoke(cli.app, ["schema", "losses"]).exit_code == 2

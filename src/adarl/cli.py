@@ -287,6 +287,24 @@ def compare(
         raise typer.Exit(code=1)
 
 
+@app.command()
+def schema(
+    stage: Annotated[str | None, typer.Argument(help="only this stage's components (e.g. allocate)")] = None,
+) -> None:
+    """Print the recipe's JSON schema with every registered component's options."""
+    import json
+
+    from adarl import registry
+    from adarl.config import recipe_schema
+
+    out = recipe_schema()
+    if stage is not None:
+        if stage not in registry.STAGES:
+            _fail(f"unknown stage {stage!r}; stages: {', '.join(registry.STAGES)}")
+        out = out["components"][stage]
+    typer.echo(json.dumps(out, indent=1))
+
+
 @app.command(help=REPORT_HELP)
 def report(
     run_or_comparison: Annotated[Path, typer.Argument(help="a run directory or an `adarl compare` directory")],

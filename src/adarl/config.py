@@ -640,5 +640,19 @@ def load_recipe(path: str | Path | None = None, overrides: Sequence[str] | dict[
     return recipe
 
 
+def recipe_schema() -> dict[str, Any]:
+    """The recipe's JSON schema, with every registered component's options under its stage.
+
+    A stage section (`select`, `allocate`, `advantage`, `loss`, and each item of `shaping` and
+    `tokens`) is `{name: <component>, <that component's options>}`: `components.<stage>.<name>`
+    lists those options with their types, ranges and defaults.
+    """
+    from pydantic import TypeAdapter
+
+    components = {stage: {name: TypeAdapter(registry.component_class(stage, name)).json_schema()
+                          for name in registry.names(stage)} for stage in registry.STAGES}
+    return {"recipe": Recipe.model_json_schema(), "components": components}
+
+
 def dump_recipe(recipe: Recipe) -> str:
     return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False)
