@@ -523,7 +523,12 @@ def _check_component(stage: str, where: str, spec: dict[str, Any]) -> list[str]:
     choices = registry.names(stage)
     if not isinstance(name, str):
         return [f"'{where}.name' is required; choose one of: {', '.join(choices)}"]
-    if name not in choices:
+    if registry.is_import_path(name):
+        try:
+            registry.component_class(stage, name)
+        except KeyError as err:
+            return [f"'{where}.name': cannot load {stage} class {_clip(str(err.args[0]), 200)}"]
+    elif name not in choices:
         hint = difflib.get_close_matches(name, choices, n=1, cutoff=0.3)
         more = f"; did you mean '{hint[0]}'?" if hint else ""
         return [f"'{where}.name': unknown {stage} method '{name}'{more} (choices: {', '.join(choices)})"]

@@ -90,8 +90,30 @@ def names(stage: str) -> list[str]:
     return sorted(_REGISTRY[stage])
 
 
+def is_import_path(name: str) -> bool:
+    """``"package.module:ClassName"``: a component named by where it lives, without packaging it."""
+    return ":" in name
+
+
 def component_class(stage: str, name: str) -> type:
+    """The class registered as `name` for `stage`, or the class at an import path ``module:Class``.
+
+    A class named by import path gets the stage contract (metrics, state_dict, load_state_dict)
+    like a registered one; it need not call `register`. KeyError if there is no such class.
+    """
     _load()
+    if is_import_path(name):
+        module_name, _, attr = name.partition(":")
+        try:
+            cls = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as err:
+            raise KeyError(f"{name} ({type(err).__name__}: {err})") from None
+        if not isinstance(cls, type):
+            raise KeyError(f"{name} is not a class")
+        for method, default in CONTRACT.items():
+            if not hasattr(cls, method):
+                setattr(cls, method, default)
+        return cls
     try:
         return _REGISTRY[stage][name]
     except KeyError:
