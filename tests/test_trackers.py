@@ -76,7 +76,18 @@ def wandb_records(path: Path) -> list:
 
 
 def wandb_runs(run_dir: Path) -> list[Path]:
-    return sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb"))
+    """The run files, once W&B's service has finished writing them (it may still flush after `finish`
+    returns on a loaded machine): each file's size unchanged for 1 s, 30 s at most."""
+    import time
+
+    deadline, last = time.monotonic() + 30, None
+    while True:
+        files = sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb"))
+        sizes = [f.stat().st_size for f in files]
+        if sizes == last or time.monotonic() > deadline:
+            return files
+        last = sizes
+        time.sleep(1.0)
 
 
 def wandb_history(files: list[Path]) -> list[dict]:
