@@ -58,6 +58,14 @@ def _load_no_state(self, state: dict[str, Any]) -> None:
 CONTRACT = {"metrics": _no_metrics, "state_dict": _no_state, "load_state_dict": _load_no_state}
 
 
+def _with_contract(cls: type[T]) -> type[T]:
+    """`cls` with the no-op defaults of whichever contract methods it lacks."""
+    for method, default in CONTRACT.items():
+        if not hasattr(cls, method):
+            setattr(cls, method, default)
+    return cls
+
+
 def register(stage: str, name: str) -> Callable[[type[T]], type[T]]:
     if stage not in _REGISTRY:
         raise ValueError(f"unknown stage {stage!r}; stages are {', '.join(STAGES)}")
@@ -65,10 +73,7 @@ def register(stage: str, name: str) -> Callable[[type[T]], type[T]]:
     def wrap(cls: type[T]) -> type[T]:
         _REGISTRY[stage][name] = cls
         cls.registered_name = name  # type: ignore[attr-defined]
-        for method, default in CONTRACT.items():
-            if not hasattr(cls, method):
-                setattr(cls, method, default)
-        return cls
+        return _with_contract(cls)
 
     return wrap
 
@@ -110,10 +115,7 @@ def component_class(stage: str, name: str) -> type:
             raise KeyError(f"{name} ({type(err).__name__}: {err})") from None
         if not isinstance(cls, type):
             raise KeyError(f"{name} is not a class")
-        for method, default in CONTRACT.items():
-            if not hasattr(cls, method):
-                setattr(cls, method, default)
-        return cls
+        return _with_contract(cls)
     try:
         return _REGISTRY[stage][name]
     except KeyError:

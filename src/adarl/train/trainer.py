@@ -115,7 +115,6 @@ class Trainer:
         self._prompt_cache: dict[str, list[int]] = {}
         self.wall_offset = 0.0
         self.entropy_stats: EntropyStats | None = None  # of the last batch (HAPO ĥ)
-        self.stopped_early = False  # a callback asked to stop
 
     @property
     def loss_fn(self) -> Any:
@@ -539,7 +538,6 @@ class Trainer:
                     if self.bad_updates_in_a_row >= MAX_BAD_UPDATES:
                         self._stop_non_finite(saved)
                     if stop:
-                        self.stopped_early = True
                         break
             self.save_final()
         finally:
