@@ -32,7 +32,10 @@ import torch
 from adarl import registry
 from adarl.config import AdaptiveTemperature, load_recipe
 from adarl.loss.base import LossInputs
-from adarl.tokens.entropy import EntropyStats
+from adarl.metrics.step import StepMetrics
+from adarl.shaping.base import apply_shapings
+from adarl.tokens.base import effective_tokens
+from adarl.tokens.entropy import EntropyObserver, EntropyStats
 from adarl.train.trainer import Trainer
 from adarl.types import Batch, Group, Request
 from equal_budget import budget_overrides, curve, train_run
@@ -124,11 +127,13 @@ def overhead(recipe_path: str, names: list[str], repeats: int, seed: int, micro_
         trainer.shapings = [registry.build("shaping", s) for s in spec.get("shaping", [])]
         trainer.estimator = registry.build("advantage", spec.get("advantage", base.advantage))
         trainer.token_weightings = [registry.build("tokens", s) for s in spec.get("tokens", [])]
-        trainer.loss_fn = registry.build("loss", spec.get("loss", base.loss))
-        if trainer.loss_fn.kl_coef > 0 and trainer.reference is None:
-            trainer.reference = copy.deepcopy(trainer.model).eval()
+        learner = trainer.learner
+        learner.loss = registry.build("loss", spec.get("loss", base.loss))
+        if learner.loss.kl_coef > 0 and learner.reference is None:
+            learner.reference = copy.deepcopy(trainer.model).eval()
+        learner.entropy = EntropyObserver() if learner.loss.needs_entropy else None
         t0 = time.perf_counter()
-        trainer.shape(groups, {})
+        apply_shapings(trainer.shapings, groups, base.rollout.max_new_tokens, StepMetrics())
         trainer.learn(Batch(groups), {})
         return time.perf_counter() - t0
 
@@ -202,7 +207,7 @@ def component_costs(trainer: Trainer, verified: list[Group], names: list[str], r
             loss, _ = loss_fn(x)
             (loss * mask).sum().backward()
             t_loss += time.perf_counter() - t0
-        trained = trainer._effective_tokens(batch, weights)
+        trained = effective_tokens(batch, weights)
         out[name] = {"stage_ms": 1000 * t_stage / rounds, "loss_ms": 1000 * t_loss / rounds, "trained_tokens": trained}
     return out
 

@@ -266,7 +266,8 @@ def test_adaptive_run_resumes_exactly(tiny_model_dir, tmp_path, monkeypatch, sel
     import torch
 
     from adarl.config import load_recipe
-    from adarl.train.trainer import TIMING_KEYS, Trainer
+    from adarl.metrics.step import TIMING_KEYS
+    from adarl.train.trainer import Trainer
     from test_train import recipe_data, write_task
 
     monkeypatch.syspath_prepend(str(tmp_path.parent))

@@ -146,3 +146,28 @@ def test_a_component_named_by_import_path_trains(data, tmp_path, monkeypatch):
         api.load_recipe(data, {"allocate": {"name": "plugin_allocator:Nope"}})
     with pytest.raises(RecipeError, match="'allocate.n_solved'"):
         api.load_recipe(data, {"allocate": {**spec, "n_solved": 0}})  # its own fields are validated too
+
+
+def test_a_loss_named_by_import_path_trains(data, tmp_path, monkeypatch):
+    """docs/examples/plugin_loss.py: a loss is one module outside adarl, no other edit."""
+    import torch
+
+    from adarl.loss.base import LossInputs
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "docs" / "examples"))
+    from plugin_loss import Cispo
+
+    # by hand: r = e^{−1 − (−1.5)} = e^{0.5} ≈ 1.65 is clipped to 1.2, so L = −1.2 · A · ℓ = 1.2 · 2 = 2.4,
+    # and ∂L/∂ℓ = −1.2 · A = −2.4; the second token (r = 1) gets −A = −2
+    logp = torch.tensor([[-1.0, -0.5]], requires_grad=True)
+    x = LossInputs(logp=logp, old_logp=torch.tensor([[-1.5, -0.5]]), adv=torch.tensor([[2.0, 2.0]]),
+                   mask=torch.ones(1, 2))
+    per_token, stats = Cispo(eps_high=0.2).surrogate(x)
+    assert per_token.detach()[0].tolist() == pytest.approx([2.4, 1.0])
+    per_token.sum().backward()
+    assert logp.grad[0].tolist() == pytest.approx([-2.4, -2.0]) and stats["clip_fraction"].tolist() == [[1.0, 0.0]]
+
+    row = api.train(data, tmp_path / "run", overrides={"loss": {"name": "plugin_loss:Cispo"}, "budget.max_steps": 2})
+    assert row["step"] == 2 and "clip_fraction" in row
+    with pytest.raises(RecipeError, match="'loss.eps_high'"):
+        api.load_recipe(data, {"loss": {"name": "plugin_loss:Cispo", "eps_high": -1}})

@@ -15,11 +15,12 @@ import pytest
 import torch
 
 from adarl.config import ModelConfig, RolloutConfig, load_recipe
+from adarl.metrics.step import TIMING_KEYS
 from adarl.models import chat_ids, load_model
 from adarl.rollout.hf import HfGenerator
 from adarl.rollout.scheduler import RolloutScheduler, SchedulerConfig
 from adarl.train import checkpoint
-from adarl.train.trainer import TIMING_KEYS, Trainer
+from adarl.train.trainer import Trainer
 from adarl.types import Request, Rollout
 from test_train import recipe_data, scheduled_recipe, tests_on_path, write_task  # noqa: F401  (fixture)
 
@@ -187,10 +188,11 @@ def test_state_dict_pauses_and_resume_loses_nothing(model_and_tokenizer, prompts
     # the saved groups come back first, in order, each rollout continued from its saved tokens
     assert [r.prompt_id for r in got[::6]] == [g["request"]["prompt_id"] for g in saved]
     for g in saved:
-        for r, old in zip([r for r in got if r.prompt_id == g["request"]["prompt_id"]], g["rollouts"], strict=True):
-            n = len(old["completion_ids"])
-            assert r.completion_ids[:n] == old["completion_ids"] and r.logprobs[:n] == old["logprobs"]
-            assert r.token_versions[:n] == old["token_versions"]  # type: ignore[index]
+        for r, saved_r in zip([r for r in got if r.prompt_id == g["request"]["prompt_id"]], g["rollouts"], strict=True):
+            old = Rollout.from_state(saved_r)
+            n = len(old.completion_ids)
+            assert r.completion_ids[:n] == old.completion_ids and r.logprobs[:n] == old.logprobs
+            assert r.token_versions[:n] == old.token_versions  # type: ignore[index]
 
 
 def test_thread_errors_surface_and_the_thread_stops(model_and_tokenizer, prompts):
@@ -255,7 +257,8 @@ def test_async_trains_and_resumes_with_its_work(tiny_model_dir, tmp_path, tests_
     assert [g.problem.id for g in resumed.last_groups] == [g["request"]["prompt_id"] for g in held]
     for group, g in zip(resumed.last_groups, held, strict=True):
         for r, old in zip(group.rollouts, g["rollouts"], strict=True):
-            assert r.completion_ids[: len(old["completion_ids"])] == old["completion_ids"]
+            old_ids = Rollout.from_state(old).completion_ids
+            assert r.completion_ids[: len(old_ids)] == old_ids
     assert metrics["rollout/staleness_max"] <= 1
 
 
@@ -267,7 +270,7 @@ def test_the_thread_stops_when_training_fails(tiny_model_dir, tmp_path, tests_on
     def boom(*args, **kwargs):
         raise KeyboardInterrupt
 
-    trainer.update = boom  # type: ignore[method-assign]
+    trainer.learner.update = boom  # type: ignore[method-assign]
     with pytest.raises(KeyboardInterrupt):
         trainer.run()
     assert trainer.rollouts._thread is None and no_thread_left()

@@ -33,8 +33,8 @@ import yaml
 from safetensors.torch import load_file
 
 from adarl.config import load_recipe, resolve_backend
+from adarl.metrics.step import TIMING_KEYS
 from adarl.train import checkpoint
-from adarl.train.trainer import TIMING_KEYS
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 8

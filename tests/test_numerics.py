@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 
 from adarl.config import load_recipe
 from adarl.train import checkpoint
-from adarl.train.trainer import MAX_BAD_UPDATES, NonFiniteUpdates, Trainer
+from adarl.train.loop import MAX_BAD_UPDATES, NonFiniteUpdates
+from adarl.train.trainer import Trainer
 from test_train import recipe_data, write_task
 
 
@@ -29,7 +30,7 @@ class PoisonLoss:
     """Wraps the trainer's loss: adds `value` (nan, inf, -inf) to the per-token loss at chosen steps."""
 
     def __init__(self, trainer: Trainer, steps: dict[int, float]):
-        self.inner, self.trainer, self.steps = trainer.loss_fn, trainer, steps
+        self.inner, self.trainer, self.steps = trainer.learner.loss, trainer, steps
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
@@ -55,35 +56,35 @@ def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
 
 
 def optimizer_steps(trainer: Trainer) -> list[float]:
-    return [float(s["step"]) for s in trainer.optimizer.state.values() if "step" in s]
+    return [float(s["step"]) for s in trainer.learner.optimizer.state.values() if "step" in s]
 
 
 def test_non_finite_loss_or_gradient_skips_the_update(tiny_model_dir, tmp_path, tests_on_path):
     recipe = load_recipe(data=recipe_data(tiny_model_dir, write_task(tmp_path), budget={"max_steps": 6},
                                           train={"lr": 0.02, "micro_batch_tokens": 64, "warmup_steps": 2}))
     trainer = Trainer(recipe, tmp_path / "run")
-    trainer.loss_fn = PoisonLoss(trainer, {2: float("nan"), 3: float("inf"), 5: -float("inf")})
+    trainer.learner.loss = PoisonLoss(trainer, {2: float("nan"), 3: float("inf"), 5: -float("inf")})
     poison_gradient(trainer, {4})
     skipped = []
     try:
         for step in range(1, 7):
-            before, adam, lr_step = snapshot(trainer), optimizer_steps(trainer), trainer.scheduler.last_epoch
+            before, adam, lr_step = snapshot(trainer), optimizer_steps(trainer), trainer.learner.scheduler.last_epoch
             m = trainer.train_step()
             assert m["trained_fraction"] > 0, f"step {step} trained nothing; the test needs a gradient"
             if step in (2, 3, 4, 5):
                 skipped.append(step)
                 # the weights, the optimizer moments and the lr schedule are untouched
                 assert same(snapshot(trainer), before), step
-                assert optimizer_steps(trainer) == adam and trainer.scheduler.last_epoch == lr_step
+                assert optimizer_steps(trainer) == adam and trainer.learner.scheduler.last_epoch == lr_step
                 assert m["step_skipped_updates"] == 1.0 and not torch.isfinite(torch.tensor(m["grad_norm"]))
             else:
                 assert not same(snapshot(trainer), before), step
                 assert m["step_skipped_updates"] == 0.0 and m["grad_norm"] > 0
             assert m["skipped_updates"] == len(skipped)
             assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
-            assert trainer.bad_updates_in_a_row == (step - 1 if step in (2, 3, 4, 5) else 0)
+            assert trainer.learner.bad_updates_in_a_row == (step - 1 if step in (2, 3, 4, 5) else 0)
         # four skips in a row happened through train_step; run() is what stops (tested below)
-        assert trainer.bad_updates_in_a_row == 0 and trainer.skipped_updates == 4
+        assert trainer.learner.bad_updates_in_a_row == 0 and trainer.learner.skipped_updates == 4
     finally:
         trainer.rewards.close()
 
@@ -93,7 +94,7 @@ def test_three_bad_updates_in_a_row_stop_with_a_usable_checkpoint(tiny_model_dir
                        checkpoint={"every": 4, "keep": 2})
     run = tmp_path / "run"
     trainer = Trainer(load_recipe(data=data), run)
-    trainer.loss_fn = PoisonLoss(trainer, {3: float("nan"), 5: float("nan"), 6: float("inf"), 7: float("nan")})
+    trainer.learner.loss = PoisonLoss(trainer, {3: float("nan"), 5: float("nan"), 6: float("inf"), 7: float("nan")})
     good: dict[int, dict[str, torch.Tensor]] = {}
     real_step = trainer.train_step
 

@@ -22,7 +22,8 @@ import yaml
 
 from adarl import registry
 from adarl.config import load_recipe
-from adarl.train.trainer import TIMING_KEYS, Trainer
+from adarl.metrics.step import TIMING_KEYS
+from adarl.train.trainer import Trainer
 from test_train import recipe_data, write_task
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,7 +15,8 @@ import yaml
 from safetensors.torch import load_file
 
 from adarl.config import load_recipe
-from adarl.train.trainer import TIMING_KEYS, Trainer
+from adarl.metrics.step import TIMING_KEYS
+from adarl.train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -55,7 +55,7 @@ def train_once(trainer: Trainer, batch: Batch, start: dict, **train) -> tuple[li
 
     learner.optim_step = capture.__get__(learner)
     try:
-        metrics = trainer.update(batch)
+        metrics = trainer.learner.update(batch)
     finally:
         del learner.optim_step
     return grads, metrics

@@ -86,3 +86,27 @@ class Budget:
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.total_tokens = state["total_tokens"]
         self.total_rollouts = state["total_rollouts"]
+
+
+def check_feasible(budget_cfg, n_train: int, task_eval_size: int, eval_size: int | None, n_eval: int) -> None:
+    """Budgets the task cannot meet are errors before any model loads (ValueError).
+
+    `budget_cfg` is the recipe's `budget` section; `n_train`/`n_eval` the task's split sizes."""
+    b = budget_cfg
+    if b.prompts_per_step > n_train:
+        raise ValueError(
+            f"budget.prompts_per_step is {b.prompts_per_step} but the task has only {n_train} training "
+            f"problems (after holding out task.eval_size={task_eval_size}); "
+            "lower budget.prompts_per_step or add problems"
+        )
+    for key, limit in (("tokens_per_step", b.tokens_per_step), ("max_tokens", b.max_tokens)):
+        if limit is not None and limit < b.prompts_per_step:
+            raise ValueError(
+                f"budget.{key} is {limit}, less than one step needs: at least one generated token for "
+                f"each of the budget.prompts_per_step={b.prompts_per_step} prompts"
+            )
+    if eval_size is not None and eval_size > n_eval:
+        raise ValueError(
+            f"eval.size is {eval_size} but only {n_eval} problems are held out "
+            f"(task.eval_size={task_eval_size}); lower eval.size or raise task.eval_size"
+        )

@@ -250,6 +250,35 @@ def summarize(results: list[ProblemResult], ks: list[int], n: int) -> dict[str, 
     return out
 
 
+def score_problems(generator, rewards, problems: list, prompt_ids: dict[str, list[int]], *, n: int,
+                   max_new_tokens: int | None = None, label: str = "", progress: bool = True) -> list[ProblemResult]:
+    """One greedy and `n` sampled completions per problem, scored by `rewards`: the evaluation both
+    `adarl eval` and the trainer's held-out evaluation run."""
+    from adarl.metrics.progress import RowsBar
+    from adarl.types import Group, Request
+
+    def generate(k: int, greedy: bool, what: str) -> list[Group]:
+        with RowsBar(f"{label} {what}".strip(), len(problems) * k, enabled=progress) as bar:
+            out = generator.generate([Request(p.id, prompt_ids[p.id], k) for p in problems], greedy=greedy,
+                                     max_new_tokens=max_new_tokens, stop_when=bar.observe)
+        groups = [Group(p, prompt_ids[p.id], out[i * k:(i + 1) * k]) for i, p in enumerate(problems)]
+        rewards.score(groups)
+        return groups
+
+    greedy = generate(1, True, "greedy")
+    sampled: list[Any] = generate(n, False, f"{n} samples") if n > 0 else [None] * len(problems)
+    results = []
+    for p, g, s in zip(problems, greedy, sampled, strict=True):
+        correct = [int(x) for x in s.correct] if s is not None else []
+        results.append(ProblemResult(
+            id=p.id, n=len(correct), c=sum(correct), first=correct, greedy=int(g.correct[0]),
+            length=float(np.mean([len(r) for r in s.rollouts])) if s is not None else 0.0,
+            greedy_length=float(len(g.rollouts[0])),
+            truncated=sum(r.finish_reason == "length" for r in s.rollouts) if s is not None else 0,
+        ))
+    return results
+
+
 def evaluate_task(generator, tokenizer, task: EvalTask, *, ks: list[int], n: int, seed: int = 0,
                   size: int | None = None, workers: int = 2,
                   timeout_s: float = 10.0) -> tuple[dict[str, Any], list[ProblemResult]]:
@@ -259,11 +288,9 @@ def evaluate_task(generator, tokenizer, task: EvalTask, *, ks: list[int], n: int
     tasks evaluated before it. Returns the task's summary (JSON-ready, with per-problem c/n) and
     the per-problem results.
     """
-    from adarl.metrics.progress import RowsBar
     from adarl.models import chat_ids
     from adarl.rewards import Rewards
     from adarl.tasks.base import build_task
-    from adarl.types import Group, Request
 
     problems = build_task(task.task, task.seed).eval
     if size is not None:
@@ -274,29 +301,9 @@ def evaluate_task(generator, tokenizer, task: EvalTask, *, ks: list[int], n: int
     generator.rng.set_state({"seed": seed, "calls": 0})
     rewards = Rewards(task.rewards, workers=workers, timeout_s=timeout_s)
     try:
-        with RowsBar(f"{task.name} greedy", len(problems)) as bar:
-            greedy = generator.generate([Request(p.id, prompt_ids[p.id], 1) for p in problems], greedy=True,
-                                        stop_when=bar.observe)
-        g_groups = [Group(p, prompt_ids[p.id], [r]) for p, r in zip(problems, greedy, strict=True)]
-        rewards.score(g_groups)
-        s_groups: list[Any] = [None] * len(problems)
-        if n > 0:
-            with RowsBar(f"{task.name} {n} samples", len(problems) * n) as bar:
-                sampled = generator.generate([Request(p.id, prompt_ids[p.id], n) for p in problems],
-                                             stop_when=bar.observe)
-            s_groups = [Group(p, prompt_ids[p.id], sampled[i * n:(i + 1) * n]) for i, p in enumerate(problems)]
-            rewards.score(s_groups)
+        results = score_problems(generator, rewards, problems, prompt_ids, n=n, label=task.name)
     finally:
         rewards.close()
-    results = []
-    for p, g, s in zip(problems, g_groups, s_groups, strict=True):
-        correct = [int(x) for x in s.correct] if s is not None else []
-        results.append(ProblemResult(
-            id=p.id, n=len(correct), c=sum(correct), first=correct, greedy=int(g.correct[0]),
-            length=float(np.mean([len(r) for r in s.rollouts])) if s is not None else 0.0,
-            greedy_length=float(len(g.rollouts[0])),
-            truncated=sum(r.finish_reason == "length" for r in s.rollouts) if s is not None else 0,
-        ))
     out = {"source": task.source, "seed": task.seed, **summarize(results, ks, n)}
     out["per_problem"] = [
         {"id": r.id, "c": r.c, "n": r.n, "greedy": r.greedy, "length": round(r.length, 2),

@@ -7,13 +7,13 @@ from groups of any sizes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 
 PromptId = str
-FinishReason = Literal["stop", "length", "partial"]
+FinishReason = Literal["stop", "length", "partial", "max_turns", "tool_error", "env_done", "censored"]
 
 
 @dataclass(frozen=True)
@@ -41,21 +41,167 @@ class Request:
     prefix_ids: list[int] | None = None  # continue from this partial completion
 
 
-@dataclass
-class Rollout:
-    """One sampled completion with what the trainer needs to correct for its sampler."""
+Role = Literal["model", "tool", "hint", "template"]
 
-    prompt_id: PromptId
-    completion_ids: list[int]
-    logprobs: list[float]  # behaviour log-probs, one per completion token
-    finish_reason: FinishReason
-    text: str = ""
-    policy_version: int = 0
-    entropies: list[float] | None = None
-    token_versions: list[int] | None = None  # the policy version that sampled each completion token
+
+@dataclass
+class Span:
+    """A run of tokens of one origin inside a rollout.
+
+    Only `model` spans were sampled by the policy: only their tokens are trained, counted as
+    generated and charged to the budget; `tool` output, inserted `hint` text and chat-`template`
+    tokens are context. The same Span object in several rollouts is a shared prefix (a branch
+    point): it is stored once and trained once (`trainable_masks`).
+    """
+
+    role: Role
+    ids: list[int]
+    logprobs: list[float] | None = None  # behaviour log-prob of each token (model spans)
+    entropies: list[float] | None = None  # the sampler's entropy at each token (model spans, hf)
+    versions: list[int] | None = None  # the policy version that sampled each token (model spans)
+    name: str | None = None  # tool spans: the tool's name
+    status: str | None = None  # tool spans: "ok", "error", "timeout"
+
+    @property
+    def sampled(self) -> bool:
+        return self.role == "model"
 
     def __len__(self) -> int:
-        return len(self.completion_ids)
+        return len(self.ids)
+
+
+@dataclass(init=False)
+class Rollout:
+    """One trajectory after the prompt: a sequence of spans, and how it ended.
+
+    Single-turn generation is the one-span case: `Rollout(prompt_id, completion_ids, logprobs,
+    finish_reason, ...)` builds a rollout of one `model` span. `completion_ids` is every token
+    after the prompt (what the learner feeds the model); per-token views (`logprobs`,
+    `entropies`, `sampled_mask`) have that length, with 0 for tokens the policy did not sample.
+    `len(rollout)` counts sampled tokens only: what the rollout cost and what length rules see.
+    """
+
+    prompt_id: PromptId
+    spans: list[Span]
+    finish_reason: FinishReason
+    text: str = ""
+    policy_version: int = 0  # the version of its first sampled token
+
+    def __init__(self, prompt_id: PromptId, completion_ids: list[int] | None = None,
+                 logprobs: list[float] | None = None, finish_reason: FinishReason = "stop", text: str = "",
+                 policy_version: int = 0, entropies: list[float] | None = None,
+                 token_versions: list[int] | None = None, *, spans: list[Span] | None = None) -> None:
+        if spans is None:
+            ids = list(completion_ids or [])
+            lp = list(logprobs) if logprobs is not None else [0.0] * len(ids)
+            if len(lp) != len(ids):
+                raise ValueError(f"{len(ids)} completion tokens but {len(lp)} log-probs")
+            spans = [Span("model", ids, lp, None if entropies is None else list(entropies),
+                          None if token_versions is None else list(token_versions))]
+        elif completion_ids is not None or logprobs is not None:
+            raise ValueError("give a rollout either spans or completion_ids/logprobs, not both")
+        self.prompt_id, self.spans, self.finish_reason = prompt_id, spans, finish_reason
+        self.text, self.policy_version = text, policy_version
+
+    def _per_token(self, field_name: str) -> list | None:
+        out: list = []
+        for s in self.spans:
+            values = getattr(s, field_name)
+            if not s.sampled:
+                out += [0.0] * len(s)
+            elif values is None:
+                return None
+            else:
+                out += values
+        return out
+
+    @property
+    def completion_ids(self) -> list[int]:
+        return [t for s in self.spans for t in s.ids]
+
+    @property
+    def logprobs(self) -> list[float]:
+        """Behaviour log-probs per token after the prompt (0 where the policy did not sample)."""
+        return self._per_token("logprobs") or []
+
+    @property
+    def entropies(self) -> list[float] | None:
+        """Recorded entropies per token after the prompt (0 where not sampled); None if not recorded."""
+        return self._per_token("entropies")
+
+    @property
+    def sampled_logprobs(self) -> list[float]:
+        return [x for s in self.spans if s.sampled for x in (s.logprobs or [])]
+
+    @property
+    def token_versions(self) -> list[int] | None:
+        """The policy version of each sampled token; None if not recorded."""
+        if any(s.sampled and s.versions is None and len(s) for s in self.spans):
+            return None
+        return [v for s in self.spans if s.sampled for v in (s.versions or [])]
+
+    @property
+    def sampled_mask(self) -> np.ndarray:
+        """1.0 per token after the prompt that the policy sampled, else 0.0."""
+        return np.concatenate([np.full(len(s), float(s.sampled)) for s in self.spans]) if self.spans else np.zeros(0)
+
+    def __len__(self) -> int:
+        return sum(len(s) for s in self.spans if s.sampled)
+
+    def state_dict(self, seen: dict[int, int] | None = None) -> dict[str, Any]:
+        """Plain data. Pass one `seen` dict for several rollouts: a span already written by an
+        earlier one is written as its number (order of first appearance), so sharing survives."""
+        spans: list[Any] = []
+        for span in self.spans:
+            if seen is not None and id(span) in seen:
+                spans.append(seen[id(span)])
+                continue
+            spans.append(asdict(span))
+            if seen is not None:
+                seen[id(span)] = len(seen)
+        return {"prompt_id": self.prompt_id, "spans": spans, "finish_reason": self.finish_reason,
+                "text": self.text, "policy_version": self.policy_version}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any], table: list[Span] | None = None) -> Rollout:
+        """The inverse of `state_dict`; pass one `table` list for rollouts written with one `seen`."""
+        state = dict(state)
+        if "spans" not in state:  # written before spans: the flat one-span fields
+            return cls(**state)
+        spans = []
+        for entry in state.pop("spans"):
+            if isinstance(entry, int):
+                spans.append(table[entry] if table is not None else None)
+                continue
+            spans.append(Span(**entry))
+            if table is not None:
+                table.append(spans[-1])
+        if any(s is None for s in spans):
+            raise ValueError("a shared span reference needs the span table of the rollouts written with it")
+        return cls(**state, spans=spans)
+
+
+def trainable_masks(rollouts: list[Rollout]) -> list[np.ndarray]:
+    """Per rollout, 1.0 for each token the update trains: sampled by the policy, and the first
+    occurrence of its span in `rollouts` (a prefix shared by branches is trained once)."""
+    seen: set[int] = set()
+    out = []
+    for r in rollouts:
+        parts = []
+        for s in r.spans:
+            parts.append(np.full(len(s), float(s.sampled and id(s) not in seen)))
+            seen.add(id(s))
+        out.append(np.concatenate(parts) if parts else np.zeros(0))
+    return out
+
+
+def shared_span_owners(rollouts: list[Rollout]) -> dict[int, list[int]]:
+    """id(span) -> the indices of the rollouts that contain it, for spans in more than one."""
+    owners: dict[int, list[int]] = {}
+    for i, r in enumerate(rollouts):
+        for s in r.spans:
+            owners.setdefault(id(s), []).append(i)
+    return {k: v for k, v in owners.items() if len(v) > 1}
 
 
 @dataclass

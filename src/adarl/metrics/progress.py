@@ -148,8 +148,8 @@ class RowsBar:
     """
 
     def __init__(self, description: str, total: int, console: Console | None = None,
-                 stream: TextIO | None = None) -> None:
-        self.description, self.total = description, total
+                 stream: TextIO | None = None, enabled: bool = True) -> None:
+        self.description, self.total, self.enabled = description, total, enabled
         self.console = console or Console(stderr=True)
         self.stream = stream
         self._bar: RichProgress | None = None
@@ -157,7 +157,7 @@ class RowsBar:
         self._t0 = time.monotonic()
 
     def __enter__(self) -> RowsBar:
-        if self.console.is_terminal:
+        if self.enabled and self.console.is_terminal:
             self._bar = RichProgress(TextColumn(f"[bold]{self.description}"), BarColumn(), MofNCompleteColumn(),
                                      TimeElapsedColumn(), console=self.console, transient=True)
             self._bar.start()
@@ -173,7 +173,7 @@ class RowsBar:
         done = int(progress.rows_finished)
         if self._bar is not None:
             self._bar.update(self._task, completed=done)
-        elif self.total and done * 4 >= (self._quarter + 1) * self.total:
+        elif self.enabled and self.total and done * 4 >= (self._quarter + 1) * self.total:
             self._quarter = done * 4 // self.total
             print(f"{self.description}: {done}/{self.total} rows ({format_duration(time.monotonic() - self._t0)})",
                   file=self.stream or sys.stderr, flush=True)

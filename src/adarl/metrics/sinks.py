@@ -223,3 +223,45 @@ class MetricsWriter:
             Path(tmp).unlink(missing_ok=True)
             raise
         return len(kept)
+
+
+class RunLogs:
+    """The run's per-step JSONL logs: `prompts.jsonl` (every step) and `rollouts.jsonl` (every
+    `rollouts_every` steps), appended after each step and cut back to a checkpoint on resume."""
+
+    PROMPTS, ROLLOUTS = "prompts.jsonl", "rollouts.jsonl"
+
+    def __init__(self, run_dir: Path, rollouts_every: int) -> None:
+        self.run_dir, self.rollouts_every = Path(run_dir), rollouts_every
+
+    def start(self, resumed_step: int | None) -> None:
+        """Resuming at `resumed_step`: drop the lines of later steps (atomically); else start empty."""
+        from adarl.train.checkpoint import atomic_write_text
+
+        for name in (self.PROMPTS, self.ROLLOUTS):
+            path = self.run_dir / name
+            if resumed_step is None:
+                path.unlink(missing_ok=True)
+            elif path.exists():
+                kept = [r for r in read_jsonl(path) if isinstance(r.get("step"), int) and r["step"] <= resumed_step]
+                atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
+
+    def write(self, step: int, groups: Sequence[Any], advantages: Mapping[int, float]) -> None:
+        """One line per prompt of the step (its rollout count, correct ones, lengths); on the steps
+        due, every rollout as a user reads it (the advantage is null for rollouts not trained)."""
+        with open(self.run_dir / self.PROMPTS, "a", encoding="utf-8") as f:
+            for g in groups:
+                f.write(json.dumps({"step": step, "prompt_id": g.problem.id, "n": g.size,
+                                    "correct": int(g.correct.sum()), "lengths": [len(r) for r in g.rollouts]}) + "\n")
+        if not self.rollouts_every or step % self.rollouts_every:
+            return
+        with open(self.run_dir / self.ROLLOUTS, "a", encoding="utf-8") as f:
+            for g in groups:
+                prompt = g.problem.messages[-1]["content"]
+                for i, r in enumerate(g.rollouts):
+                    f.write(json.dumps({
+                        "step": step, "prompt_id": g.problem.id, "prompt": prompt, "completion": r.text,
+                        "rewards": dict(zip(g.reward_names, map(float, g.rewards[i]), strict=True)),
+                        "reward": float(g.reward[i]), "correct": bool(g.correct[i]),
+                        "advantage": advantages.get(id(r)), "length": len(r),
+                        "finish_reason": r.finish_reason}) + "\n")

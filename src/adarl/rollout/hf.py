@@ -191,6 +191,11 @@ class HfGenerator:
     def close(self) -> None:
         """Nothing to release: the hf backend holds no engine (vllm's shuts its engine down)."""
 
+    @property
+    def max_batch(self) -> int:
+        """Rows decoded together; more rows are decoded in batches one after another."""
+        return self.cfg.max_batch
+
     def replica(self) -> HfGenerator:
         """A generator over a deep copy of the model, for a generation thread (async mode).
 

@@ -72,7 +72,7 @@ import threading
 import time
 import warnings
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from functools import partial
@@ -82,12 +82,17 @@ import numpy as np
 import torch
 
 from adarl.config import SchedulerConfig
-from adarl.rollout.hf import HfGenerator, Progress, StopWhen
+from adarl.rollout.hf import Progress, StopWhen
 from adarl.types import Generated, Request, Rollout, StageResult
 
 
 class KeyedGenerator(Protocol):
-    """What the scheduler needs of a generator: per-row sampling keys, early stop, continuation."""
+    """What the scheduler needs of a generator: per-row sampling keys, early stop, continuation.
+
+    Optional capabilities, looked up by name: `max_batch` (rows decoded together; partial mode warns
+    when a step asks for more), `replica()` / `pull_weights()` and `weight_listeners` (async mode:
+    a copy the generation thread samples with, refreshed after each update).
+    """
 
     policy_version: int
     tokenizer: Any
@@ -97,6 +102,9 @@ class KeyedGenerator(Protocol):
     def generate(self, requests: list[Request], greedy: bool = False, max_new_tokens: int | None = None,
                  stop_when: StopWhen | None = None, keys: Sequence[int] | None = None,
                  max_tokens: int | None = None) -> list[Rollout]: ...
+
+
+Spares = Sequence[Request] | Callable[[int], list[Request]]  # spare requests, or a function giving k of them
 
 
 @dataclass
@@ -117,15 +125,15 @@ class _Group:
 
 
 def _join(old: Rollout, new: Rollout) -> Rollout:
-    """A partial rollout followed by its continuation."""
-    versions = (old.token_versions or []) + (new.token_versions or [new.policy_version] * len(new))
-    entropies = None if old.entropies is None or new.entropies is None else old.entropies + new.entropies
-    return Rollout(
-        prompt_id=old.prompt_id, completion_ids=old.completion_ids + new.completion_ids,
-        logprobs=old.logprobs + new.logprobs, finish_reason=new.finish_reason,
-        policy_version=versions[0] if versions else new.policy_version, entropies=entropies,
-        token_versions=versions,
-    )
+    """A partial rollout followed by its continuation: the continuation is a span of its own,
+    with the policy version that sampled it."""
+    for span in new.spans:
+        if span.sampled and span.versions is None:
+            span.versions = [new.policy_version] * len(span)
+    spans = [s for s in old.spans if len(s)] + new.spans
+    versions = [v for s in spans if s.sampled for v in (s.versions or [])]
+    return Rollout(old.prompt_id, finish_reason=new.finish_reason, spans=spans,
+                   policy_version=versions[0] if versions else new.policy_version)
 
 
 def _rows(groups: list[_Group]) -> tuple[list[Request], list[int], list[tuple[int, int]]]:
@@ -156,17 +164,19 @@ def _rows(groups: list[_Group]) -> tuple[list[Request], list[int], list[tuple[in
 
 
 def _empty(prompt_id: str) -> Rollout:
-    return Rollout(prompt_id, [], [], "partial", entropies=[], token_versions=[])
+    return Rollout(prompt_id, finish_reason="partial", spans=[])
 
 
 def _groups_state(groups: list[_Group]) -> list[dict[str, Any]]:
+    seen: dict[int, int] = {}  # spans shared between rollouts are written once
     return [{"id": g.id, "request": asdict(g.request), "keys": list(g.keys),
-             "rollouts": [asdict(r) for r in g.rollouts]} for g in groups]
+             "rollouts": [r.state_dict(seen) for r in g.rollouts]} for g in groups]
 
 
 def _groups_from(state: list[dict[str, Any]]) -> list[_Group]:
-    return [_Group(g["id"], Request(**g["request"]), list(g["keys"]), [Rollout(**r) for r in g["rollouts"]])
-            for g in state]
+    table: list = []
+    return [_Group(g["id"], Request(**g["request"]), list(g["keys"]),
+                   [Rollout.from_state(r, table) for r in g["rollouts"]]) for g in state]
 
 
 class RolloutScheduler:
@@ -196,8 +206,12 @@ class RolloutScheduler:
 
     # ---------------------------------------------------------------- protocol
 
-    def run(self, needed: list[Request], spare: Sequence[Request] = (), max_tokens: int | None = None) -> StageResult:
+    def run(self, needed: list[Request], spare: Spares = (), max_tokens: int | None = None) -> StageResult:
         """len(needed) complete groups (all of `needed` in "sync" mode), with what they cost.
+
+        `spare`: over-provisioned requests (APRIL), or a function the scheduler calls for as many as
+        it has room for (at most ⌈over_provision·len(needed)⌉ − len(needed); the selector and the
+        allocator choose them then, within the budget).
 
         `max_tokens` (the step's token budget left) bounds the tokens sampled for this call; when it
         binds, fewer groups come back (partial, async: the others stay held; sync: see `complete`).
@@ -213,8 +227,8 @@ class RolloutScheduler:
         if not target:
             self._measure(version, [], {}, 0, 0, 0)
             return self._result([])
-        room = max(0, math.ceil(self.cfg.over_provision * target) - len(self.buffer) - target)
-        admitted = list(needed) + list(spare[:room])
+        room = math.ceil(self.cfg.over_provision * target) - len(self.buffer) - target
+        admitted = list(needed) + self._spares(spare, room, target)
         self._admit(admitted)
         before = {g.id: [len(r) for r in g.rollouts] for g in self.buffer}
         overdue = [g for g in self.buffer if not g.complete and g.age(version) >= self.cfg.max_age]
@@ -238,8 +252,9 @@ class RolloutScheduler:
         """
         rollouts = self.generator.generate(requests, max_tokens=max_tokens)
         for r in rollouts:
-            if r.token_versions is None:
-                r.token_versions = [r.policy_version] * len(r)
+            for span in r.spans:
+                if span.sampled and span.versions is None:
+                    span.versions = [r.policy_version] * len(span)
         tokens = float(sum(len(r) for r in rollouts))
         groups, offset = [], 0
         for req in requests:  # each request's rows are consecutive
@@ -300,6 +315,12 @@ class RolloutScheduler:
             self.next_id += 1
         return groups
 
+    def _spares(self, spare: Spares, room: int, target: int) -> list[Request]:
+        k = min(room, math.ceil(self.cfg.over_provision * target) - target)
+        if k <= 0:
+            return []
+        return list(spare(k))[:k] if callable(spare) else list(spare[:k])
+
     def _admit(self, requests: list[Request]) -> None:
         self.buffer += self._new_groups(requests)
 
@@ -321,8 +342,9 @@ class RolloutScheduler:
         if not requests or (max_tokens is not None and max_tokens <= 0):
             return 0
         stop_when: StopWhen | None = None
-        if target is not None and isinstance(self.generator, HfGenerator) and not self._warned_batch:
-            rows, max_batch = len(slots), self.generator.cfg.max_batch
+        max_batch = getattr(self.generator, "max_batch", None)
+        if target is not None and max_batch is not None and not self._warned_batch:
+            rows = len(slots)
             if rows > max_batch:
                 self._warned_batch = True
                 warnings.warn(f"partial rollouts: {rows} rows requested but rollout.max_batch is {max_batch}; the hf "
@@ -356,7 +378,7 @@ class RolloutScheduler:
         with self._cond:
             self._check()
             unconsumed = len(self.queue) + len(self.buffer) + target
-            started = list(needed) + list(spare[: max(0, (eta + 1) * target - unconsumed)])
+            started = list(needed) + self._spares(spare, (eta + 1) * target - unconsumed, target)
             self.queue += self._new_groups(started)
             self._batch = target
             chosen = (self.buffer + self.queue)[:target]  # first in, first out: every buffered id < every queued id

@@ -116,6 +116,15 @@ class DifficultyStore:
 
     # ---------------------------------------------------------------- state
 
+    def selection_metrics(self, chosen: list[int]) -> dict[str, float]:
+        """The difficulty (posterior-mean pass rate) of the prompts `chosen` (indices), before this step."""
+        p = self.pass_estimate(np.asarray(chosen, dtype=np.int64))
+        q25, q50, q75 = np.quantile(p, [0.25, 0.5, 0.75]) if len(p) else (np.nan,) * 3
+        return {"selected/pass_estimate_mean": float(p.mean()) if len(p) else float("nan"),
+                "selected/pass_estimate_q25": float(q25), "selected/pass_estimate_q50": float(q50),
+                "selected/pass_estimate_q75": float(q75),
+                "selected/unseen_fraction": float(np.mean(self.last_step[chosen] < 0)) if chosen else 0.0}
+
     def state_dict(self) -> dict[str, Any]:
         state = {name: getattr(self, name).copy() for name in _ARRAYS}
         state["step"] = self.step

@@ -9,7 +9,7 @@ never edits the verifiers' columns, so `Group.correct` keeps the verifier's judg
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -31,3 +31,13 @@ def add_column(group: Group, name: str, values: np.ndarray) -> None:
         raise ValueError(f"group {group.problem.id} already has a reward column {name!r}")
     group.rewards = np.concatenate([group.rewards, values], axis=1)
     group.reward_names = (*group.reward_names, name)
+
+
+def apply_shapings(shapings: list[Any], groups: list[Group], max_new_tokens: int, metrics: Any) -> None:
+    """The recipe's reward shapings, in order, on freshly verified groups; their means into `metrics`
+    (a `StepMetrics`: weighted by the rollouts of each stage)."""
+    for shaping in shapings:
+        shaping(groups, max_new_tokens)
+        column = np.concatenate([g.rewards[:, g.reward_names.index(shaping.column)] for g in groups])
+        metrics.mean(f"reward/{shaping.column}", float(column.mean()), len(column))
+        metrics.update({f"shaping/{k}": v for k, v in shaping.metrics().items()})

@@ -23,9 +23,10 @@ import torch
 from adarl.config import TrainConfig
 from adarl.loss.aggregate import sequence_weights
 from adarl.loss.base import LossInputs, PolicyLoss
-from adarl.tokens.entropy import EntropyStats
+from adarl.tokens.base import batch_entropies
+from adarl.tokens.entropy import EntropyObserver
 from adarl.train.logprobs import completion_logprobs, micro_batches, pack
-from adarl.types import Batch, Rollout
+from adarl.types import Batch, Rollout, shared_span_owners, trainable_masks
 
 
 def build_optimizer(model: torch.nn.Module, t: TrainConfig):
@@ -36,13 +37,31 @@ def build_optimizer(model: torch.nn.Module, t: TrainConfig):
     return optimizer, scheduler
 
 
+def token_advantages(rollouts: list[Rollout], adv: np.ndarray, weights: list[np.ndarray]) -> list[np.ndarray]:
+    """A_{i,t} = A_i · w_{i,t}, except on a span shared by several rollouts (a branch prefix): it is
+    trained once, in the first rollout holding it (`trainable_masks`), with the mean advantage of
+    the rollouts that hold it (a shared token is credited with the average of its descendants,
+    algorithms.md §3.4)."""
+    out = [float(a) * np.asarray(w, dtype=np.float64) for a, w in zip(adv, weights, strict=True)]
+    owners = shared_span_owners(rollouts)
+    for i, r in enumerate(rollouts):
+        start = 0
+        for span in r.spans:
+            holders = owners.get(id(span))
+            if holders and holders[0] == i:  # later holders have weight 0 there (trainable_masks)
+                end = start + len(span)
+                out[i][start:end] = float(np.mean([adv[j] for j in holders])) * weights[i][start:end]
+            start += len(span)
+    return out
+
+
 @dataclass
 class StepData:
     """One step's update data, shared by its mini-batches: rollouts in batch order."""
 
-    rows: list[tuple[list[int], list[int]]]  # (prompt ids, completion ids)
+    rows: list[tuple[list[int], list[int]]]  # (prompt ids, every token after the prompt)
     lengths: list[int]
-    adv: np.ndarray
+    token_adv: list[np.ndarray]  # A_{i,t}: the rollout's advantage × its token weight (0: not trained)
     token_weights: list[np.ndarray]
     rollouts: list[Rollout]
     on_policy: bool  # one mini-batch, one epoch: ℓ_old = ℓ_θ detached
@@ -52,7 +71,8 @@ class StepData:
 
 class Learner:
     def __init__(self, model: torch.nn.Module, loss: PolicyLoss, cfg: TrainConfig, *, temperature: float,
-                 pad_id: int, max_len: int, rng: np.random.Generator, reference: torch.nn.Module | None = None):
+                 pad_id: int, max_len: int, rng: np.random.Generator, reference: torch.nn.Module | None = None,
+                 entropy: EntropyObserver | None = None):
         self.model, self.loss, self.cfg = model, loss, cfg
         self.temperature, self.pad_id, self.max_len, self.rng = temperature, pad_id, max_len, rng
         self.reference = reference  # a frozen copy; None with LoRA (the base model without adapters is it)
@@ -60,7 +80,7 @@ class Learner:
         self.skipped_updates = 0  # optimizer updates skipped for a non-finite loss or gradient
         self.bad_updates_in_a_row = 0
         self._poisoned = False  # a micro-batch of the pending update had a non-finite loss
-        self.entropy_stats: EntropyStats | None = None  # the batch's ĥ statistics, for losses that read them
+        self.entropy = entropy  # HAPO's ĥ statistics, fitted on each batch before its update
 
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint needs besides the weights and `optimizer.state_dict()`."""
@@ -97,9 +117,14 @@ class Learner:
         rollouts = batch.rollouts
         prompts = [g.prompt_ids for g in batch.groups for _ in g.rollouts]
         rows = [(p, r.completion_ids) for p, r in zip(prompts, rollouts, strict=True)]
-        weights = weights if weights is not None else [np.ones(len(r)) for r in rollouts]
+        # only tokens the policy sampled train, a shared span once: the masks bound any weights given
+        masks = trainable_masks(rollouts)
+        if self.entropy is not None:
+            self.entropy.observe(batch_entropies(batch), masks)
+        weights = masks if weights is None else [np.asarray(w) * m for w, m in zip(weights, masks, strict=True)]
         t = self.cfg
-        data = StepData(rows=rows, lengths=[len(p) + len(c) for p, c in rows], adv=batch.advantages,
+        data = StepData(rows=rows, lengths=[len(p) + len(c) for p, c in rows],
+                        token_adv=token_advantages(rollouts, batch.advantages, weights),
                         token_weights=weights, rollouts=rollouts, on_policy=t.mini_batches == 1 and t.epochs == 1)
         kept = [int((w > 0).sum()) for w in weights]  # tokens in the loss and in agg's count
         # terms that do not vanish with A = 0 (KL, the entropy bonus) need every rollout
@@ -107,7 +132,7 @@ class Learner:
         # rollouts whose advantage is 0 carry no policy gradient: no forward/backward for them;
         # rollouts whose tokens were all dropped by token weighting are not in the batch at all
         in_batch = [i for i in range(len(rollouts)) if kept[i] > 0]
-        active = [i for i in in_batch if every_rollout or data.adv[i] != 0.0]
+        active = [i for i in in_batch if every_rollout or bool(np.any(data.token_adv[i] != 0.0))]
         if not active:
             return {"trained_fraction": 0.0, "skipped_updates": float(self.skipped_updates),
                     "step_skipped_updates": 0.0}
@@ -134,8 +159,8 @@ class Learner:
         out = {k: v / n_tok for k, v in sums.items()}
         out["grad_norm"] = float(np.mean(grad_norms))
         out["trained_fraction"] = len(active) / len(rollouts)
-        if self.entropy_stats is not None and self.loss.needs_entropy:
-            out["entropy_pivot"] = float(np.exp(self.entropy_stats.median))
+        if self.entropy is not None and self.entropy.stats is not None and self.loss.needs_entropy:
+            out["entropy_pivot"] = float(np.exp(self.entropy.stats.median))
         out["skipped_updates"] = float(self.skipped_updates)
         out["step_skipped_updates"] = float(self.skipped_updates - skipped_before)
         return out
@@ -171,7 +196,7 @@ class Learner:
         tw = self._padded([data.token_weights[i] for i in micro], logp)
         mask = packed.completion_mask.float() * (tw > 0).float()
         old = logp.detach() if data.on_policy else self._padded([data.old_logp[i] for i in micro], logp)
-        a = torch.tensor([data.adv[i] for i in micro], dtype=torch.float32)[:, None] * tw
+        a = self._padded([data.token_adv[i] for i in micro], logp)
         x = LossInputs(logp=logp, old_logp=old, adv=a, mask=mask)
         if "ref_logp" in need:
             x.ref_logp = self._reference_logprobs([data.rows[i] for i in micro])
@@ -181,7 +206,7 @@ class Learner:
             x.entropy_live = ent
         if "entropy" in need:
             x.entropy = self._padded([data.rollouts[i].entropies for i in micro], logp)
-            x.entropy_norm = self.entropy_stats.normalise(x.entropy)
+            x.entropy_norm = self.entropy.stats.normalise(x.entropy)
         return x, ent.detach()
 
     def _micro_step(self, data: StepData, micro: list[int], seq_weight: dict[int, float]) -> None:

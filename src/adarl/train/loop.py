@@ -1,0 +1,105 @@
+"""The run loop around `Trainer.train_step`: the run directory's logs (metrics, prompts, rollouts,
+trackers), held-out evaluations, checkpoints and `final/`, user callbacks, the stop after
+repeated non-finite updates, and the HTML report at the end."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from adarl.config import dump_recipe
+from adarl.metrics.progress import Progress
+from adarl.metrics.sinks import MetricsWriter
+from adarl.train import checkpoint
+from adarl.train.callbacks import eval_part, notify
+from adarl.train.checkpoint import crash_point
+
+if TYPE_CHECKING:
+    from adarl.train.trainer import Trainer
+
+MAX_BAD_UPDATES = 3  # updates in a row with a non-finite loss or gradient that stop the run
+
+
+class NonFiniteUpdates(RuntimeError):
+    """Training stopped: MAX_BAD_UPDATES updates in a row had a NaN/inf loss or gradient."""
+
+
+def _due(t: Trainer, every: int) -> bool:
+    return (every > 0 and t.step % every == 0) or t.done()
+
+def run(t: Trainer, resume: bool = False, callbacks: Sequence[Any] = ()) -> dict[str, float]:
+    """Train to the end of the budget (or until a callback asks to stop); the last metrics row.
+
+    `callbacks`: see `adarl.train.callbacks`. A stop asked by one writes a checkpoint and
+    `final/` as at the end, so `--resume` can continue the run.
+    """
+    t.run_dir.mkdir(parents=True, exist_ok=True)
+    resumed = resume and t.resume()
+    t.logs.start(t.step if resumed else None)
+    checkpoint.atomic_write_text(t.run_dir / "config.yaml", dump_recipe(t.recipe))  # after a resume
+    checkpoint.clean_stale(t.run_dir)  # a final.tmp/final.del of a killed attempt
+    # a run that starts at step 0 drops every row and event of an earlier (killed) attempt
+    writer = MetricsWriter(t.run_dir, tensorboard=t.recipe.log.tensorboard,
+                           resume_step=t.step if resumed else -1,
+                           trackers=t.recipe.log.trackers, config=t.recipe.model_dump(mode="json"))
+    last: dict[str, float] = {k: v for old in (MetricsWriter.read(t.run_dir) if resumed else ())
+                              for k, v in old.items()}
+    first = {"skipped_lines": t.task.skipped} if not resumed and t.task.skipped else {}
+    t_start = time.perf_counter() - t.wall_offset
+    try:
+        if not resumed and t.recipe.eval.at_start:
+            row = {"step": 0, **first, **t.budget.metrics(), **t.evaluate()}
+            first = {}
+            crash_point("metrics", 0)
+            writer.write(row)
+            last.update(row)
+            notify(callbacks, "on_eval", 0, eval_part(row))
+        with Progress(t.recipe.budget.max_steps, enabled=t.recipe.log.progress, start_step=t.step,
+                      total_tokens=t.recipe.budget.max_tokens) as progress:
+            while not t.done():
+                row = {"step": t.step + 1, **first, **t.train_step()}
+                first = {}
+                if _due(t, t.recipe.eval.every):
+                    row.update(t.evaluate())
+                t.wall_offset = row["wall_s"] = time.perf_counter() - t_start
+                crash_point("metrics", t.step)
+                writer.write(row)
+                t.logs.write(t.step, t.last_groups, t.last_advantages)
+                last.update(row)
+                progress.update(t.step, reward=row.get("reward"), pass_rate=row.get("pass_rate"),
+                                tokens_per_s=row["tokens_per_s"], tokens=row["tokens"])
+                stop = notify(callbacks, "on_step", t.step, row)
+                if "eval/pass@1" in row:
+                    stop = notify(callbacks, "on_eval", t.step, eval_part(row)) or stop
+                saved = _due(t, t.recipe.checkpoint.every) or stop
+                if saved:
+                    notify(callbacks, "on_checkpoint", t.step, t.save_checkpoint())
+                if t.learner.bad_updates_in_a_row >= MAX_BAD_UPDATES:
+                    _stop_non_finite(t, saved)
+                if stop:
+                    break
+        t.save_final()
+    finally:
+        writer.close()
+        t.rewards.close()
+        t.rollouts.close()  # async mode: stop the generation thread
+        t.generator.close()  # vllm: shut the engine down
+    try:
+        from adarl.metrics.report import write_report
+
+        writer.log_artifact(write_report(t.run_dir))  # to the trackers too (never raises)
+    except Exception as err:  # a report problem must never fail a finished run
+        print(f"report: not written: {err!r}", file=sys.stderr)
+    return last
+
+
+def _stop_non_finite(t: Trainer, saved: bool) -> None:
+    """Save the last good state (skipped updates never touched the weights) and stop."""
+    path = checkpoint.latest(t.run_dir / "checkpoints") if saved else t.save_checkpoint()
+    raise NonFiniteUpdates(
+        f"training stopped at step {t.step}: the last {t.learner.bad_updates_in_a_row} updates had a "
+        f"non-finite (NaN/inf) loss or gradient and were skipped ({t.learner.skipped_updates} skipped in all). "
+        f"The weights are those of the last good update, saved in {path}. Lower train.lr, set "
+        f"train.max_grad_norm or check the rewards, then continue with: adarl train --resume {t.run_dir}")
