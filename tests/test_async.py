@@ -19,7 +19,7 @@ from adarl.metrics.step import TIMING_KEYS
 from adarl.models import chat_ids, load_model
 from adarl.rollout.hf import HfGenerator
 from adarl.rollout.scheduler import RolloutScheduler, SchedulerConfig
-from adarl.train import checkpoint
+from adarl.train import checkpoint, loop
 from adarl.train.trainer import Trainer
 from adarl.types import Request, Rollout
 from test_train import recipe_data, scheduled_recipe, tests_on_path, write_task  # noqa: F401  (fixture)
@@ -250,7 +250,7 @@ def test_async_trains_and_resumes_with_its_work(tiny_model_dir, tmp_path, tests_
 
     resumed = Trainer(load_recipe(data={**data, "budget": {"max_steps": 3, "prompts_per_step": 2}}), tmp_path / "run")
     try:
-        assert resumed.resume()
+        assert loop.resume_from_checkpoint(resumed)
         metrics = resumed.train_step()
     finally:
         resumed.rollouts.close()

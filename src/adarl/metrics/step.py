@@ -27,6 +27,15 @@ class StepMetrics(dict[str, Any]):
         """A count or a duration: summed over the step."""
         self[key] = self.get(key, 0.0) + value
 
+    def merge(self, prefix: str, values: dict[str, Any], summed: frozenset[str]) -> None:
+        """A stage's metrics under `prefix`: the keys in `summed` are counts (added up), the others
+        describe the latest state (replaced)."""
+        for key, value in values.items():
+            if key in summed:
+                self.add(prefix + key, value)
+            else:
+                self[prefix + key] = value
+
     def mean(self, key: str, value: float, weight: float) -> None:
         """An average over `weight` items: the step's value is the weighted average of every stage's."""
         if weight <= 0:

@@ -104,6 +104,9 @@ class KeyedGenerator(Protocol):
                  max_tokens: int | None = None) -> list[Rollout]: ...
 
 
+# the keys of `metrics()` that count what one call did (a step with several calls adds them up)
+COUNTS = frozenset({"tokens_generated", "tokens_reused", "tokens_discarded", "rollouts_started",
+                    "rollouts_cut_by_budget"})
 Spares = Sequence[Request] | Callable[[int], list[Request]]  # spare requests, or a function giving k of them
 
 

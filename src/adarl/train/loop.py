@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from adarl.config import dump_recipe
@@ -20,6 +21,10 @@ if TYPE_CHECKING:
     from adarl.train.trainer import Trainer
 
 MAX_BAD_UPDATES = 3  # updates in a row with a non-finite loss or gradient that stop the run
+
+
+class ResumeError(ValueError):
+    """The run directory's checkpoint cannot be loaded into this recipe's model (nothing was written)."""
 
 
 class NonFiniteUpdates(RuntimeError):
@@ -36,7 +41,7 @@ def run(t: Trainer, resume: bool = False, callbacks: Sequence[Any] = ()) -> dict
     `final/` as at the end, so `--resume` can continue the run.
     """
     t.run_dir.mkdir(parents=True, exist_ok=True)
-    resumed = resume and t.resume()
+    resumed = resume and resume_from_checkpoint(t)
     t.logs.start(t.step if resumed else None)
     checkpoint.atomic_write_text(t.run_dir / "config.yaml", dump_recipe(t.recipe))  # after a resume
     checkpoint.clean_stale(t.run_dir)  # a final.tmp/final.del of a killed attempt
@@ -75,12 +80,12 @@ def run(t: Trainer, resume: bool = False, callbacks: Sequence[Any] = ()) -> dict
                     stop = notify(callbacks, "on_eval", t.step, eval_part(row)) or stop
                 saved = _due(t, t.recipe.checkpoint.every) or stop
                 if saved:
-                    notify(callbacks, "on_checkpoint", t.step, t.save_checkpoint())
+                    notify(callbacks, "on_checkpoint", t.step, save_checkpoint(t))
                 if t.learner.bad_updates_in_a_row >= MAX_BAD_UPDATES:
                     _stop_non_finite(t, saved)
                 if stop:
                     break
-        t.save_final()
+        save_final(t)
     finally:
         writer.close()
         t.rewards.close()
@@ -97,9 +102,40 @@ def run(t: Trainer, resume: bool = False, callbacks: Sequence[Any] = ()) -> dict
 
 def _stop_non_finite(t: Trainer, saved: bool) -> None:
     """Save the last good state (skipped updates never touched the weights) and stop."""
-    path = checkpoint.latest(t.run_dir / "checkpoints") if saved else t.save_checkpoint()
+    path = checkpoint.latest(t.run_dir / "checkpoints") if saved else save_checkpoint(t)
     raise NonFiniteUpdates(
         f"training stopped at step {t.step}: the last {t.learner.bad_updates_in_a_row} updates had a "
         f"non-finite (NaN/inf) loss or gradient and were skipped ({t.learner.skipped_updates} skipped in all). "
         f"The weights are those of the last good update, saved in {path}. Lower train.lr, set "
         f"train.max_grad_norm or check the rewards, then continue with: adarl train --resume {t.run_dir}")
+
+
+def save_checkpoint(t: Trainer) -> Path:
+    crash_point("checkpoint", t.step)
+    path = checkpoint.save(t.run_dir / "checkpoints", t.step, t.model,
+                           t.learner.optimizer.state_dict(), t.state_dict(), keep=t.recipe.checkpoint.keep)
+    t.store.to_parquet(t.run_dir / "store.parquet")  # the difficulty store, for users to query
+    return path
+
+def resume_from_checkpoint(t: Trainer) -> bool:
+    """Load the latest complete checkpoint, if any (`run` then drops the metrics rows after it)."""
+    path = checkpoint.latest(t.run_dir / "checkpoints")
+    if path is None:
+        print(f"resume: no complete checkpoint in {t.run_dir}; starting from step 0", file=sys.stderr,
+              flush=True)
+        return False
+    try:
+        optimizer_state, state = checkpoint.load(path, t.model)
+        t.learner.optimizer.load_state_dict(optimizer_state)
+        t.load_state_dict(state)
+    except (RuntimeError, ValueError, KeyError, OSError, EOFError) as err:
+        raise ResumeError(f"cannot resume {t.run_dir} from {path.name}: {err}") from err
+    print(f"resume: continuing {t.run_dir} from step {t.step} ({path.name})", file=sys.stderr, flush=True)
+    return True
+
+def save_final(t: Trainer) -> None:
+    """`final/`: a Hugging Face folder, written under `final.tmp/` and renamed when complete."""
+    crash_point("final", t.step)
+    checkpoint.save_model(t.run_dir / "final", t.model, t.tokenizer, phase="final", step=t.step)
+    # a 135M model's checkpoint is ~1.6 GB with its optimizer state: keep only what a resume needs
+    checkpoint.prune(t.run_dir / "checkpoints", t.recipe.checkpoint.keep_final, t.step)

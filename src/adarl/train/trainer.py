@@ -31,21 +31,16 @@ from adarl.metrics.trackers import check_trackers
 from adarl.models import chat_ids, load_model, load_reference
 from adarl.rewards import Rewards
 from adarl.rollout import build_generator
-from adarl.rollout.scheduler import RolloutScheduler
+from adarl.rollout.scheduler import COUNTS, RolloutScheduler
 from adarl.select.store import DifficultyStore
 from adarl.shaping.base import apply_shapings
 from adarl.tasks.base import build_task
 from adarl.tokens.base import effective_tokens, weigh_tokens
 from adarl.tokens.entropy import EntropyObserver
-from adarl.train import checkpoint
 from adarl.train.checkpoint import crash_point
 from adarl.train.learner import Learner
-from adarl.train.loop import MAX_BAD_UPDATES, NonFiniteUpdates, run  # noqa: F401 (the run's errors, for users)
+from adarl.train.loop import MAX_BAD_UPDATES, NonFiniteUpdates, ResumeError, run  # noqa: F401 (for users)
 from adarl.types import Batch, Group, Problem, Request, merge
-
-
-class ResumeError(ValueError):
-    """The run directory's checkpoint cannot be loaded into this recipe's model (nothing was written)."""
 
 
 class Trainer:
@@ -157,9 +152,7 @@ class Trainer:
             result = self.rollouts.complete(requests, max_tokens=tokens_left)
         metrics.add("generate_s", time.perf_counter() - t0)
         self.budget.spend(result.rollouts_started, tokens=result.tokens_spent)
-        for key, value in result.metrics.items():
-            metrics.add(f"rollout/{key}", value) if key.startswith(("tokens", "rollouts")) \
-                else metrics.__setitem__(f"rollout/{key}", value)
+        metrics.merge("rollout/", result.metrics, summed=COUNTS)
         fresh = [Group(problems.setdefault(g.request.prompt_id, self.problems_by_id[g.request.prompt_id]),
                        g.request.prompt_ids, g.rollouts, group_id=g.group_id) for g in result.groups]
         crash_point("verify", self.step + 1)
@@ -248,39 +241,9 @@ class Trainer:
         torch.set_rng_state(state["torch_rng"])
         random.setstate(state["python_rng"])
 
-    def save_checkpoint(self) -> Path:
-        crash_point("checkpoint", self.step)
-        path = checkpoint.save(self.run_dir / "checkpoints", self.step, self.model,
-                               self.learner.optimizer.state_dict(), self.state_dict(), keep=self.recipe.checkpoint.keep)
-        self.store.to_parquet(self.run_dir / "store.parquet")  # the difficulty store, for users to query
-        return path
-
-    def resume(self) -> bool:
-        """Load the latest complete checkpoint, if any (`run` then drops the metrics rows after it)."""
-        path = checkpoint.latest(self.run_dir / "checkpoints")
-        if path is None:
-            print(f"resume: no complete checkpoint in {self.run_dir}; starting from step 0", file=sys.stderr,
-                  flush=True)
-            return False
-        try:
-            optimizer_state, state = checkpoint.load(path, self.model)
-            self.learner.optimizer.load_state_dict(optimizer_state)
-            self.load_state_dict(state)
-        except (RuntimeError, ValueError, KeyError, OSError, EOFError) as err:
-            raise ResumeError(f"cannot resume {self.run_dir} from {path.name}: {err}") from err
-        print(f"resume: continuing {self.run_dir} from step {self.step} ({path.name})", file=sys.stderr, flush=True)
-        return True
-
     # ---------------------------------------------------------------- the loop
 
     def run(self, resume: bool = False, callbacks: Sequence[Any] = ()) -> dict[str, float]:
         """Train to the end of the budget (or until a callback asks to stop); the last metrics row
         (`adarl.train.loop.run`: logs, evaluations, checkpoints and callbacks around `train_step`)."""
         return run(self, resume, callbacks)
-
-    def save_final(self) -> None:
-        """`final/`: a Hugging Face folder, written under `final.tmp/` and renamed when complete."""
-        crash_point("final", self.step)
-        checkpoint.save_model(self.run_dir / "final", self.model, self.tokenizer, phase="final", step=self.step)
-        # a 135M model's checkpoint is ~1.6 GB with its optimizer state: keep only what a resume needs
-        checkpoint.prune(self.run_dir / "checkpoints", self.recipe.checkpoint.keep_final, self.step)
