@@ -173,8 +173,9 @@ def test_gdro_weights_move_to_the_hard_bin():
     for step in range(1, 30):
         idx = np.array(gdro.select(store, 20, rng))
         # prompts 0..49 are always failed, the rest always solved
-        store.update([group(ids[i], [0] * 4 if i < 50 else [1] * 4) for i in idx], step)
-        gdro.observe(store, idx)
+        groups = [group(ids[i], [0] * 4 if i < 50 else [1] * 4) for i in idx]
+        store.update(groups, step)
+        gdro.observe(store, groups)
     w = gdro.weights
     assert w[0] == w.max() and w[0] > 2 / 5  # bin 0 holds the pass@k = 0 prompts: over twice uniform
     assert w[4] < 0.1  # the always-solved prompts (pass@k = 1) sink toward the mixing floor

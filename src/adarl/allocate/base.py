@@ -10,7 +10,7 @@ by each prompt's expected length (the difficulty store's history).
 from __future__ import annotations
 
 import copy
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 
@@ -101,16 +101,8 @@ def accuracy(group: Group) -> float:
 
 
 class Stateless:
-    """Mixin for allocators that keep nothing across steps."""
+    """Mixin for allocators that keep nothing across steps (the registry gives every component the
+    no-op `metrics`/`state_dict`/`load_state_dict` it lacks)."""
 
     def candidates(self, k: int) -> int:
         return k
-
-    def metrics(self) -> dict[str, Any]:
-        return {}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass

@@ -7,6 +7,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from adarl.select.store import DifficultyStore
+from adarl.types import Group
 
 
 class PromptSelector(Protocol):
@@ -14,8 +15,8 @@ class PromptSelector(Protocol):
         """Indices into the task's training problems (and the store) for this step."""
         ...
 
-    def observe(self, store: DifficultyStore, idx: np.ndarray) -> None:
-        """Called after the store was updated with the step's groups (prompts `idx`)."""
+    def observe(self, store: DifficultyStore, groups: list[Group]) -> None:
+        """Called after the store was updated with the step's verified groups."""
         ...
 
     def store_decay(self) -> tuple[float, float]:
@@ -47,13 +48,8 @@ class NoDecay:
 
 
 class Stateless(NoDecay):
-    """Mixin for selectors that learn nothing across steps beyond what the store holds."""
+    """Mixin for selectors that learn nothing across steps beyond what the store holds (the
+    registry gives them the no-op `state_dict`/`load_state_dict`/`metrics`)."""
 
-    def observe(self, store: DifficultyStore, idx: np.ndarray) -> None:
-        pass
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def observe(self, store: DifficultyStore, groups: list[Group]) -> None:
         pass

@@ -24,6 +24,7 @@ from pydantic.dataclasses import dataclass
 from adarl.registry import STRICT, register
 from adarl.select.base import NoDecay
 from adarl.select.store import DifficultyStore
+from adarl.types import Group
 
 
 def pass_at_k_latest(store: DifficultyStore, idx: np.ndarray, k: int) -> np.ndarray:
@@ -84,7 +85,8 @@ class PromptGdro(NoDecay):
         self._last_bins = bin_of[picked].copy()
         return picked.tolist()
 
-    def observe(self, store: DifficultyStore, idx: np.ndarray) -> None:
+    def observe(self, store: DifficultyStore, groups: list[Group]) -> None:
+        idx = np.array([store.index[g.problem.id] for g in groups], dtype=np.int64)
         bin_of = self._bin_array(store)
         hardness = 1.0 - store.last_c[idx] / np.maximum(store.last_n[idx], 1)
         batch_bins = bin_of[idx]

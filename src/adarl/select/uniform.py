@@ -10,6 +10,7 @@ from pydantic.dataclasses import dataclass
 from adarl.registry import STRICT, register
 from adarl.select.base import NoDecay
 from adarl.select.store import DifficultyStore
+from adarl.types import Group
 
 
 @register("select", "uniform")
@@ -33,7 +34,7 @@ class Uniform(NoDecay):
             self.cursor += len(take)
         return chosen
 
-    def observe(self, store: DifficultyStore, idx: np.ndarray) -> None:
+    def observe(self, store: DifficultyStore, groups: list[Group]) -> None:
         pass
 
     def state_dict(self) -> dict[str, Any]:

@@ -119,8 +119,7 @@ class Trainer:
             self.rollout_and_verify(counts, problems, groups, metrics, first_stage)
             counts, first_stage = self.allocator.more(list(groups.values()), self.store, self.budget), False
         self.last_groups = list(groups.values())
-        self.selector.observe(self.store, np.array([self.store.index[g.problem.id] for g in self.last_groups],
-                                                   dtype=np.int64))
+        self.selector.observe(self.store, self.last_groups)
         batch = Batch(self.allocator.finish(self.last_groups))
         metrics.update(batch_metrics(self.last_groups, batch))
         metrics.update({f"allocate/{key}": value for key, value in self.allocator.metrics().items()})
