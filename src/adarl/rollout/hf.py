@@ -191,6 +191,11 @@ class HfGenerator:
     def close(self) -> None:
         """Nothing to release: the hf backend holds no engine (vllm's shuts its engine down)."""
 
+    def add_stop(self, stop: str) -> None:
+        """End rows at `stop` too (the agent loop's end-of-call marker); the recipe's config is not changed."""
+        self.cfg = self.cfg.model_copy(update={"stop": [*self.cfg.stop, stop]})
+        self.stop_window = max(self.stop_window, len(self.tokenizer.encode(stop, add_special_tokens=False)) + 2)
+
     @property
     def max_batch(self) -> int:
         """Rows decoded together; more rows are decoded in batches one after another."""

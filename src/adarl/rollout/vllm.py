@@ -172,6 +172,10 @@ class VllmGenerator:
             self._to_sleep()
         self.last_sync_s = time.perf_counter() - t0
 
+    def add_stop(self, stop: str) -> None:
+        """End rows at `stop` too (the agent loop's end-of-call marker); the recipe's config is not changed."""
+        self.cfg = self.cfg.model_copy(update={"stop": [*self.cfg.stop, stop]})
+
     def set_entropy_stats(self, stats: object) -> None:
         self.entropy_stats = stats  # unused: vLLM samples at a fixed temperature
 

@@ -1,0 +1,372 @@
+"""Multi-turn tool use: a generator that runs each rollout as an agent trajectory.
+
+    AgentGenerator(generator, env_factory, problems, ...).generate(requests) -> rollouts
+
+wraps any generator (hf, vllm) and keeps its `generate` signature, so the scheduler, the budget
+and the learner see ordinary rollouts. Each row is one trajectory:
+
+    generate until the end of the turn or a tool call  →  parse  →  run the tools  →
+    append the tool turn  →  continue                  (until no call, a limit, or the budget)
+
+Token in, token out: the ids the policy sampled are kept as `model` spans and never
+re-tokenised; the tool turn is rendered by the chat template and appended as `template` and
+`tool` spans (not sampled: never trained, never counted as generated). `AgentGenerator.check`
+verifies at start-up that the template extends earlier turns verbatim, else it says so.
+
+Environments (TRL's duck type, no TRL import): a class with `reset(**row)`, and every other
+public method a tool, described to the model by its type hints and docstring (`tool_schemas`).
+One instance per rollout, reset with the problem's row (prompt, answer and its columns).
+
+Failures are of two kinds. The model's own mistakes (a malformed call, an unknown tool, bad
+arguments, a tool raising an error) become a tool message the model reads, and are counted. The
+environment's failures (`reset` raising, a tool raising `EnvironmentFailure`, a tool running past
+`tool_timeout_s`) censor the rollout: finish reason "censored", never scored (the trainer drops it
+from its group and counts it). Limits: `max_turns` model turns, `max_tool_calls`, tool output
+truncated to `max_tool_output_tokens` with a visible marker, and `max_context_tokens` tokens after
+the prompt (sampled and inserted).
+
+Tools run in a thread pool, all calls of a turn at once; a turn waits for its slowest call (at
+most `tool_timeout_s`). Partial and async generation are not supported across turns yet.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import json
+import operator
+import re
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from typing import Any, get_type_hints
+
+from adarl.types import FinishReason, Problem, Request, Rollout, Span
+
+TRUNCATED = " ...[truncated]"
+PREVIEW = 80  # characters of a malformed call shown back to the model
+
+
+class EnvironmentFailure(RuntimeError):
+    """Raised by an environment (or its tool) that failed itself, not because of the model: censors the rollout."""
+
+
+@dataclass
+class ToolCall:
+    name: str
+    arguments: dict[str, Any]
+
+
+class MalformedCall(ValueError):
+    """The model wrote a tool call that cannot be parsed."""
+
+
+# ---------------------------------------------------------------- parsers
+
+_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
+_CODE = re.compile(r"```python\n(.*?)```", re.S)
+
+
+def parse_tool_call(text: str) -> list[ToolCall]:
+    """`<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks (Hermes/Qwen form)."""
+    calls = []
+    for body in _CALL.findall(text):
+        try:
+            data = json.loads(body)
+        except json.JSONDecodeError as err:
+            raise MalformedCall(f"not JSON ({err.msg})") from None
+        if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+            raise MalformedCall('expected {"name": "...", "arguments": {...}}')
+        args = data.get("arguments", {})
+        if not isinstance(args, dict):
+            raise MalformedCall("arguments must be a JSON object")
+        calls.append(ToolCall(data["name"], args))
+    if not calls and "<tool_call>" in text:
+        raise MalformedCall("<tool_call> without a closing </tool_call>")
+    return calls
+
+
+def parse_python_block(text: str) -> list[ToolCall]:
+    """A fenced python code block is a call of the `python` tool with that code."""
+    return [ToolCall("python", {"code": code}) for code in _CODE.findall(text)]
+
+
+# name -> (parse, the stop string that ends a turn holding a call)
+PARSERS: dict[str, tuple[Callable[[str], list[ToolCall]], str]] = {
+    "tool_call": (parse_tool_call, "</tool_call>"),
+    "python": (parse_python_block, "```\n"),
+}
+
+
+# ---------------------------------------------------------------- tools
+
+def tools_of(env: Any) -> dict[str, Callable[..., Any]]:
+    """The environment's tools: its public methods other than `reset` and `get_reward`."""
+    return {name: fn for name, fn in inspect.getmembers(env, callable)
+            if not name.startswith("_") and name not in ("reset", "get_reward") and inspect.ismethod(fn)}
+
+
+_JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array", dict: "object"}
+
+
+def tool_schemas(env: Any) -> list[dict[str, Any]]:
+    """A JSON schema per tool, from its type hints and the first line of its docstring."""
+    out = []
+    for name, fn in sorted(tools_of(env).items()):
+        hints = get_type_hints(fn)
+        params = [p for p in inspect.signature(fn).parameters.values() if p.kind is p.POSITIONAL_OR_KEYWORD]
+        out.append({"name": name, "description": (inspect.getdoc(fn) or "").split("\n")[0],
+                    "parameters": {"type": "object",
+                                   "properties": {p.name: {"type": _JSON_TYPES.get(hints.get(p.name), "string")}
+                                                  for p in params},
+                                   "required": [p.name for p in params if p.default is p.empty]}})
+    return out
+
+
+def tools_prompt(env: Any) -> str:
+    """The system message that tells the model its tools and the call format."""
+    lines = [json.dumps(s) for s in tool_schemas(env)]
+    return ("You can call tools. To call one, write <tool_call>{\"name\": NAME, \"arguments\": {...}}</tool_call> "
+            "and wait for its result. Tools:\n" + "\n".join(lines))
+
+
+_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+        ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow,
+        ast.USub: operator.neg, ast.UAdd: operator.pos}
+
+
+def safe_arithmetic(expression: str) -> int | float:
+    """The value of an arithmetic expression of numbers, + - * / // % ** and parentheses (no eval)."""
+    if len(expression) > 200:
+        raise ValueError("expression longer than 200 characters")
+
+    def value(node: ast.AST) -> int | float:
+        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+            return node.value
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+            left, right = value(node.left), value(node.right)
+            if isinstance(node.op, ast.Pow) and (abs(right) > 64 or abs(left) > 10**6):
+                raise ValueError("exponent too large")
+            return _OPS[type(node.op)](left, right)
+        if isinstance(node, ast.UnaryOp) and type(node.op) in _OPS:
+            return _OPS[type(node.op)](value(node.operand))
+        raise ValueError(f"not arithmetic: {ast.dump(node)[:40]}")
+
+    return value(ast.parse(expression, mode="eval").body)
+
+
+class Calculator:
+    """A built-in environment with one tool: exact arithmetic."""
+
+    def reset(self, **row: Any) -> None:
+        return None
+
+    def calculate(self, expression: str) -> str:
+        """Evaluate an arithmetic expression, e.g. "123 * 456"."""
+        try:
+            result = safe_arithmetic(expression)
+        except ZeroDivisionError:
+            return "error: division by zero"
+        except (ValueError, SyntaxError, TypeError, OverflowError) as err:
+            return f"error: {err}"
+        return str(int(result)) if float(result).is_integer() else repr(result)
+
+
+# ---------------------------------------------------------------- the loop
+
+@dataclass
+class _Trajectory:
+    request: int
+    key: int
+    env: Any = None
+    spans: list[Span] = field(default_factory=list)
+    finish: FinishReason | None = None
+    turns: int = 0
+    calls: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+    last_text: str = ""
+
+    @property
+    def ids(self) -> list[int]:
+        return [t for s in self.spans for t in s.ids]
+
+
+class AgentGenerator:
+    """A generator whose rollouts are tool-using trajectories (see the module docstring)."""
+
+    def __init__(self, generator: Any, env_factory: Callable[[], Any], problems: Mapping[str, Problem], *,
+                 parser: str = "tool_call", max_turns: int = 4, max_tool_calls: int = 8, tool_timeout_s: float = 10.0,
+                 max_tool_output_tokens: int = 256, max_context_tokens: int = 1024, tool_workers: int = 4) -> None:
+        if parser not in PARSERS:
+            raise ValueError(f"unknown tool-call parser {parser!r}; parsers: {', '.join(PARSERS)}")
+        self.generator, self.env_factory, self.problems = generator, env_factory, problems
+        self.parse, stop = PARSERS[parser]
+        self.max_turns, self.max_tool_calls, self.tool_timeout_s = max_turns, max_tool_calls, tool_timeout_s
+        self.max_tool_output_tokens, self.max_context_tokens = max_tool_output_tokens, max_context_tokens
+        self.pool = ThreadPoolExecutor(max_workers=tool_workers, thread_name_prefix="adarl-tools")
+        if stop not in generator.cfg.stop:
+            generator.add_stop(stop)
+        self.before_tool, self.after_tool = self.check(generator.tokenizer)
+        self._metrics: dict[str, float] = {}
+
+    def __getattr__(self, name: str) -> Any:  # everything else is the wrapped generator's
+        return getattr(self.generator, name)
+
+    @staticmethod
+    def check(tokenizer: Any) -> tuple[str, str]:
+        """The template text around a tool result: (after the assistant's text, after the result).
+
+        Renders a conversation with and without a tool turn and checks that the longer rendering
+        extends the shorter verbatim (token in, token out needs it); ValueError otherwise."""
+        base = [{"role": "user", "content": "U"}, {"role": "assistant", "content": "A"}]
+        render = lambda msgs, gen: tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen)  # noqa: E731
+        short = render(base, False)
+        long = render(base + [{"role": "tool", "content": "R"}], True)
+        if not short.startswith(render(base[:1], True)) or not long.startswith(short) or "A" not in short:
+            raise ValueError("the tokenizer's chat template does not extend earlier turns verbatim, so tool turns "
+                             "cannot be appended to sampled tokens; use a ChatML-style template")
+        turn_end = short[short.rindex("A") + 1:]
+        tail = long[len(short):]
+        if tail.count("R") != 1:
+            raise ValueError("the chat template renders a tool message in an unexpected way")
+        before, after = tail.split("R")
+        return turn_end + before, after
+
+    def metrics(self) -> dict[str, float]:
+        """Turns, tool calls, errors by kind, censored rollouts, inserted tokens of the last call."""
+        return dict(self._metrics)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.generator.close()
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self.generator.tokenizer.encode(text, add_special_tokens=False))
+
+    def _start(self, t: _Trajectory, problem: Problem) -> None:
+        try:
+            t.env = self.env_factory()
+            t.env.reset(prompt=problem.prompt, answer=problem.answer, **problem.columns)
+        except Exception:  # the environment failed, not the model
+            t.finish = "censored"
+
+    def _run_call(self, env: Any, call: ToolCall) -> tuple[str, str]:
+        """(result text, status) of one call: ok, or the kind of error the model made."""
+        tool = tools_of(env).get(call.name)
+        if tool is None:
+            return f"error: unknown tool {call.name!r}; tools: {', '.join(sorted(tools_of(env)))}", "unknown_tool"
+        try:
+            return str(tool(**call.arguments)), "ok"
+        except EnvironmentFailure:
+            raise
+        except TypeError as err:
+            return f"error: bad arguments for {call.name}: {err}", "bad_arguments"
+        except Exception as err:  # the tool reports the model's mistake
+            return f"error: {type(err).__name__}: {err}", "tool_error"
+
+    def _tool_turn(self, t: _Trajectory, text: str) -> list[tuple[str, Any]]:
+        """Futures (or ready results) of the tool calls in the model's turn `text`."""
+        try:
+            calls = self.parse(text)
+        except MalformedCall as err:
+            preview = text[-PREVIEW:]
+            return [("malformed", f"error: malformed tool call ({err}); you wrote: {preview!r}")]
+        if not calls:
+            return []
+        out: list[tuple[str, Any]] = []
+        for call in calls:
+            t.calls += 1
+            if t.calls > self.max_tool_calls:
+                out.append(("too_many_calls", f"error: more than {self.max_tool_calls} tool calls"))
+            else:
+                out.append((call.name, self.pool.submit(self._run_call, t.env, call)))
+        return out
+
+    def _append_results(self, t: _Trajectory, results: list[tuple[str, Any]]) -> None:
+        """Wait for a turn's tool results and append them as template and tool spans."""
+        texts = []
+        for name, item in results:
+            if isinstance(item, str):  # an error found before running anything
+                status, result = name, item
+            else:
+                try:
+                    result, status = item.result(timeout=self.tool_timeout_s)
+                except (FutureTimeout, EnvironmentFailure):
+                    t.finish = "censored"  # the environment failed: never scored
+                    return
+            if status != "ok":
+                t.errors[status] = t.errors.get(status, 0) + 1
+            texts.append(result)
+        ids = self._encode("\n".join(texts))
+        if len(ids) > self.max_tool_output_tokens:
+            ids = ids[: self.max_tool_output_tokens] + self._encode(TRUNCATED)
+        t.spans += [Span("template", self._encode(self.before_tool)),
+                    Span("tool", ids, name=",".join(n for n, _ in results), status="ok" if not t.errors else "error"),
+                    Span("template", self._encode(self.after_tool))]
+
+    def generate(self, requests: list[Request], greedy: bool = False, max_new_tokens: int | None = None,
+                 stop_when: Any = None, keys: Sequence[int] | None = None,
+                 max_tokens: int | None = None) -> list[Rollout]:
+        """One trajectory per row, each request's rows consecutive (the wrapped generator's contract).
+
+        `max_tokens` caps the sampled tokens of the whole call; a row it stops is "partial".
+        `max_new_tokens` bounds the tokens after the prompt (default `max_context_tokens`)."""
+        from adarl.rollout.hf import row_keys
+
+        context = max_new_tokens or self.max_context_tokens
+        keys, row_request = row_keys(requests, keys, greedy, self.generator.new_keys)
+        rows = [_Trajectory(i, k) for i, k in zip(row_request, keys, strict=True)]
+        for t in rows:
+            self._start(t, self.problems[requests[t.request].prompt_id])
+        left = max_tokens
+        version = self.generator.policy_version
+        while True:
+            active = [t for t in rows if t.finish is None]
+            if not active or (left is not None and left <= 0):
+                break
+            turn = [Request(requests[t.request].prompt_id, requests[t.request].prompt_ids, 1, t.ids or None)
+                    for t in active]
+            outs = self.generator.generate(turn, greedy=greedy, max_new_tokens=context,
+                                           keys=[t.key for t in active], max_tokens=left)
+            pending = []
+            for t, out in zip(active, outs, strict=True):
+                t.spans.append(Span("model", out.completion_ids, out.logprobs, out.entropies,
+                                    [version] * len(out.completion_ids)))
+                t.turns += 1
+                if left is not None:
+                    left -= len(out)
+                t.last_text = self.generator.tokenizer.decode(out.completion_ids, skip_special_tokens=True)
+                if out.finish_reason != "stop":  # length (context) or partial (the budget)
+                    t.finish = out.finish_reason
+                    continue
+                results = self._tool_turn(t, t.last_text)
+                if not results:
+                    t.finish = "stop"
+                elif t.turns >= self.max_turns:
+                    t.finish = "max_turns"
+                else:
+                    pending.append((t, results))
+            for t, results in pending:
+                self._append_results(t, results)
+                if t.finish is None and len(t.ids) >= context:
+                    t.finish = "length"
+        for t in rows:
+            t.finish = t.finish or "partial"
+        self._measure(rows)
+        return [Rollout(requests[t.request].prompt_id, finish_reason=t.finish, spans=t.spans, text=t.last_text,
+                        policy_version=version) for t in rows]
+
+    def _measure(self, rows: list[_Trajectory]) -> None:
+        m: dict[str, float] = {
+            "agent/turns_mean": sum(t.turns for t in rows) / max(len(rows), 1),
+            "agent/tool_calls": float(sum(t.calls for t in rows)),
+            "agent/censored": float(sum(t.finish == "censored" for t in rows)),
+            "agent/max_turns_reached": float(sum(t.finish == "max_turns" for t in rows)),
+            "agent/inserted_tokens": float(sum(len(s) for t in rows for s in t.spans if not s.sampled)),
+            "agent/sampled_tokens": float(sum(len(s) for t in rows for s in t.spans if s.sampled)),
+        }
+        for t in rows:
+            for kind, n in t.errors.items():
+                m[f"agent/errors/{kind}"] = m.get(f"agent/errors/{kind}", 0.0) + n
+        self._metrics = m

@@ -1,0 +1,174 @@
+"""The agent loop with a scripted generator: token in, token out; masks and token accounting;
+malformed calls, unknown tools, bad arguments; censoring; limits. Expected ids come from the
+chat template's own rendering of the conversation (token in, token out means they must agree)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from adarl.rollout.agent import (
+    AgentGenerator,
+    Calculator,
+    EnvironmentFailure,
+    parse_tool_call,
+    safe_arithmetic,
+    tool_schemas,
+)
+from adarl.types import Problem, Request, Rollout
+from conftest import make_tiny_tokenizer
+
+CALL = '<tool_call>{"name": "calculate", "arguments": {"expression": "%s"}}</tool_call>'
+
+
+class Scripted:
+    """A generator whose row with key k writes script[k][turn] (one turn per call), then ends the turn."""
+
+    def __init__(self, script: dict[int, list[str]]):
+        self.tokenizer = make_tiny_tokenizer()
+        self.script = script
+        self.turn = {k: 0 for k in script}
+        self.policy_version = 3
+        self.calls: list[list[Request]] = []
+        from adarl.config import RolloutConfig
+
+        self.cfg = RolloutConfig()
+
+    def add_stop(self, stop: str) -> None:
+        self.cfg = self.cfg.model_copy(update={"stop": [*self.cfg.stop, stop]})
+
+    def new_keys(self, requests):
+        return list(range(sum(r.n for r in requests)))
+
+    def generate(self, requests, greedy=False, max_new_tokens=None, stop_when=None, keys=None, max_tokens=None):
+        self.calls.append(requests)
+        out = []
+        for req, key in zip(requests, keys, strict=True):
+            text = self.script[key][self.turn[key]]
+            self.turn[key] += 1
+            ids = self.tokenizer.encode(text, add_special_tokens=False)
+            finish = "stop"
+            if max_tokens is not None and len(ids) > max_tokens:
+                ids, finish = ids[:max_tokens], "partial"
+            if not any(s in text for s in self.cfg.stop):  # a final answer ends with the end of turn
+                ids = ids + [self.tokenizer.eos_token_id]
+            out.append(Rollout(req.prompt_id, ids, [-0.5] * len(ids), finish))
+        return out
+
+    def close(self):
+        pass
+
+
+def agent(script, env=Calculator, **kw) -> tuple[AgentGenerator, Scripted, list[int]]:
+    gen = Scripted(script)
+    problems = {"p": Problem("p", "What is 12 * 34?", answer="408")}
+    prompt = gen.tokenizer.apply_chat_template([{"role": "user", "content": "What is 12 * 34?"}],
+                                               add_generation_prompt=True, tokenize=True, return_dict=False)
+    return AgentGenerator(gen, env, problems, **kw), gen, list(prompt)
+
+
+def run(ag: AgentGenerator, prompt: list[int], n: int = 1, **kw) -> list[Rollout]:
+    return ag.generate([Request("p", prompt, n)], keys=list(range(n)), **kw)
+
+
+def test_a_tool_turn_is_rendered_by_the_template_and_never_trained():
+    first, last = "I will compute. " + CALL % "12*34", "The answer is 408."
+    ag, gen, prompt = agent({0: [first, last]})
+    (r,) = run(ag, prompt)
+    tok = gen.tokenizer
+    # token in, token out: prompt + trajectory equals the template's rendering of the conversation
+    chat = [{"role": "user", "content": "What is 12 * 34?"}, {"role": "assistant", "content": first},
+            {"role": "tool", "content": "408"}, {"role": "assistant", "content": last}]
+    rendered = tok.apply_chat_template(chat, tokenize=True, return_dict=False)
+    assert prompt + r.completion_ids == list(rendered)[:-1]  # (the template adds "\n" after the last turn's end)
+    assert [s.role for s in r.spans] == ["model", "template", "tool", "template", "model"]
+    assert r.spans[2].ids == tok.encode("408", add_special_tokens=False)
+    n_first = len(tok.encode(first, add_special_tokens=False))
+    n_last = len(tok.encode(last, add_special_tokens=False)) + 1
+    assert len(r) == n_first + n_last  # sampled tokens only (the final turn's end-of-turn token included)
+    assert r.sampled_mask.sum() == len(r) and len(r.completion_ids) > len(r)
+    assert r.finish_reason == "stop" and r.text == last and r.token_versions == [3] * len(r)
+    # the second turn continued from the whole trajectory so far, inserted tokens included
+    assert gen.calls[1][0].prefix_ids == r.completion_ids[: len(r.completion_ids) - n_last]
+    m = ag.metrics()
+    assert m["agent/tool_calls"] == 1 and m["agent/inserted_tokens"] == len(r.completion_ids) - len(r)
+
+
+@pytest.mark.parametrize("written, kind, shown", [
+    ('<tool_call>{"name": "calculate", "arguments": {"expression": "1+"}', "malformed", "without a closing"),
+    ('<tool_call>{"name": calculate}</tool_call>', "malformed", "not JSON"),
+    ('<tool_call>{"name": "search", "arguments": {}}</tool_call>', "unknown_tool", "unknown tool 'search'"),
+    ('<tool_call>{"name": "calculate", "arguments": {"expr": "1"}}</tool_call>', "bad_arguments", "bad arguments"),
+])
+def test_model_mistakes_become_tool_messages_and_are_counted(written, kind, shown):
+    ag, gen, prompt = agent({0: [written, "Sorry."]})
+    if kind == "malformed" and "without" in shown:
+        ag.generator.cfg = ag.generator.cfg.model_copy(update={"stop": ["1+\""]})  # end the turn mid-call
+    (r,) = run(ag, prompt)
+    tool = gen.tokenizer.decode(r.spans[2].ids)
+    assert r.finish_reason == "stop" and r.spans[2].role == "tool" and shown in tool
+    assert ag.metrics()[f"agent/errors/{kind}"] == 1
+
+
+class Broken(Calculator):
+    def calculate(self, expression: str) -> str:
+        """Fails as an environment."""
+        raise EnvironmentFailure("the sandbox died")
+
+
+class Slow(Calculator):
+    def calculate(self, expression: str) -> str:
+        """Never answers in time."""
+        time.sleep(1.0)
+        return "1"
+
+
+class BadReset(Calculator):
+    def reset(self, **row):
+        raise RuntimeError("cannot start")
+
+
+@pytest.mark.parametrize("env", [Broken, Slow, BadReset])
+def test_environment_failures_censor_the_rollout(env):
+    ag, _, prompt = agent({0: [CALL % "1+1", "2"], 1: ["No tools: 2."]}, env=env, tool_timeout_s=0.2)
+    out = run(ag, prompt, n=2)
+    assert out[0].finish_reason == "censored" and ag.metrics()["agent/censored"] >= 1
+    if env is not BadReset:  # the other row never called a tool and is unaffected
+        assert out[1].finish_reason == "stop" and out[1].text == "No tools: 2."
+
+
+def test_limits_on_turns_and_tool_output():
+    class Verbose(Calculator):
+        def calculate(self, expression: str) -> str:
+            """A long answer."""
+            return "9" * 50
+
+    ag, gen, prompt = agent({0: [CALL % "1"] * 5}, env=Verbose, max_turns=3, max_tool_output_tokens=10)
+    (r,) = run(ag, prompt)
+    assert r.finish_reason == "max_turns" and len(gen.calls) == 3
+    tool = gen.tokenizer.decode(r.spans[2].ids)
+    assert tool == "9" * 10 + " ...[truncated]"
+
+
+def test_the_budget_stops_a_trajectory_as_partial():
+    ag, _, prompt = agent({0: [CALL % "2*3", "It is 6."]})
+    (r,) = run(ag, prompt, max_tokens=20)
+    assert r.finish_reason == "partial" and len(r) == 20
+
+
+def test_safe_arithmetic_by_hand():
+    # ** binds tighter than unary minus: -((7 - 10) ** 2) // 4 = -9 // 4 = floor(-2.25) = -3
+    assert safe_arithmetic("123 * 456") == 56088 and safe_arithmetic("-(7 - 10) ** 2 // 4") == -3
+    assert Calculator().calculate("1/0") == "error: division by zero"
+    assert Calculator().calculate("7 / 2") == "3.5"
+    for hostile in ("__import__('os').system('id')", "(1).__class__", "a * 2", "9 ** 9 ** 9", "[1] * 10**9"):
+        assert Calculator().calculate(hostile).startswith("error:")
+
+
+def test_tool_schema_from_type_hints_and_docstring():
+    (schema,) = tool_schemas(Calculator())
+    assert schema == {"name": "calculate", "description": 'Evaluate an arithmetic expression, e.g. "123 * 456".',
+                      "parameters": {"type": "object", "properties": {"expression": {"type": "string"}},
+                                     "required": ["expression"]}}
+    assert parse_tool_call("no call") == []
