@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 
 import pytest
+import torch
 
 from adarl.rollout.agent import (
     AgentGenerator,
@@ -172,3 +173,54 @@ def test_tool_schema_from_type_hints_and_docstring():
                       "parameters": {"type": "object", "properties": {"expression": {"type": "string"}},
                                      "required": ["expression"]}}
     assert parse_tool_call("no call") == []
+
+
+class FirstTurnCalls:
+    """Wraps the real generator: a first turn is a scripted calculator call, later turns are sampled."""
+
+    def __init__(self, inner, expression: str = "6*7"):
+        self.inner, self.text = inner, CALL % expression
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def generate(self, requests, greedy=False, max_new_tokens=None, stop_when=None, keys=None, max_tokens=None):
+        if requests[0].prefix_ids:  # continuing after a tool turn
+            return self.inner.generate(requests, greedy, max_new_tokens, stop_when, keys, max_tokens)
+        ids = self.inner.tokenizer.encode(self.text, add_special_tokens=False)
+        return [Rollout(r.prompt_id, ids, [-1.0] * len(ids), "stop") for r in requests for _ in range(r.n)]
+
+
+def test_agent_trajectories_train_end_to_end(tiny_model_dir, tmp_path, monkeypatch):
+    from adarl.config import load_recipe
+    from adarl.train.trainer import Trainer
+    from test_train import recipe_data, write_task
+
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
+    data = recipe_data(tiny_model_dir, write_task(tmp_path), budget={"max_steps": 2, "prompts_per_step": 2},
+                       rollout={"temperature": 1.0, "max_new_tokens": 8, "agent": {"max_turns": 2}},
+                       allocate={"name": "fixed", "n": 3}, log={"tensorboard": False, "progress": False})
+    trainer = Trainer(load_recipe(data=data), tmp_path / "run")
+    assert isinstance(trainer.generator, AgentGenerator)
+    assert "calculate" in trainer.tokenizer.decode(trainer.prompt_ids(trainer.task.train[0]))  # tools described
+    trainer.generator.generator = FirstTurnCalls(trainer.generator.generator)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    row = trainer.train_step()
+    rollouts = [r for g in trainer.last_groups for r in g.rollouts]
+    assert len(rollouts) == 6 and all(r.spans[0].role == "model" and r.spans[2].role == "tool" for r in rollouts)
+    assert all(trainer.tokenizer.decode(r.spans[2].ids) == "42" for r in rollouts)
+    assert row["rollout/agent/tool_calls"] == 6 and row["rollout/rollouts_censored"] == 0
+    # the budget counts sampled tokens: the scripted call and the sampled answers, not the inserted turn
+    assert row["step_tokens"] == sum(len(r) for r in rollouts) < sum(len(r.completion_ids) for r in rollouts)
+    moved = any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
+    assert moved == (row["trained_fraction"] > 0)
+
+
+def test_an_agent_recipe_needs_sync_generation(tiny_model_dir, tmp_path):
+    from adarl.config import RecipeError, load_recipe
+    from test_train import recipe_data, write_task
+
+    data = recipe_data(tiny_model_dir, write_task(tmp_path),
+                       rollout={"agent": {}, "scheduler": {"mode": "partial"}})
+    with pytest.raises(RecipeError, match="rollout.agent needs rollout.scheduler.mode: sync"):
+        load_recipe(data=data)

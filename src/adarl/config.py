@@ -191,6 +191,20 @@ class VllmConfig(Section):
     max_model_len: int | None = Field(None, gt=0)  # default: the model's context length
 
 
+class AgentConfig(Section):
+    """Multi-turn tool use (rollout/agent.py): every rollout is a trajectory in an environment."""
+
+    environment: str = "calculator"  # a built-in name, or "package.module:Class" (TRL-style: reset + tools)
+    parser: Literal["tool_call", "python"] = "tool_call"  # how tool calls are written
+    max_turns: int = Field(4, gt=0, le=256)  # model turns per trajectory
+    max_tool_calls: int = Field(8, gt=0, le=4096)
+    tool_timeout_s: float = Field(10.0, gt=0, le=MAX_SECONDS)  # past it the environment failed: censored
+    max_tool_output_tokens: int = Field(256, gt=0, le=1_000_000)  # longer results are truncated, marked
+    max_context_tokens: int | None = Field(None, gt=0, le=1_000_000)  # after the prompt; None: 4 × max_new_tokens
+    tool_workers: int = Field(4, gt=0, le=256)
+    tools_prompt: bool = True  # describe the tools and the call format in a system message
+
+
 class RolloutConfig(Section):
     # auto: vllm when it is installed and the recipe needs nothing only hf has, else hf;
     # resolved when the recipe loads, so config.yaml (and a resume) names the one used
@@ -210,6 +224,7 @@ class RolloutConfig(Section):
     adaptive_temperature: AdaptiveTemperature | None = None  # HAPO; None = fixed temperature
     scheduler: SchedulerConfig = SchedulerConfig()  # sync, or APRIL partial rollouts
     vllm: VllmConfig = VllmConfig()  # used when backend is vllm
+    agent: AgentConfig | None = None  # tool-using trajectories; None: single-turn completions
 
     def hf_only(self) -> list[str]:
         """What this section asks for that only the hf backend does."""
@@ -226,6 +241,9 @@ class RolloutConfig(Section):
     def _check(self) -> RolloutConfig:
         if self.backend == "vllm" and (problems := self.hf_only()):
             raise ValueError(problems[0])
+        if self.agent is not None and self.scheduler.mode != "sync":
+            raise ValueError(f"rollout.agent needs rollout.scheduler.mode: sync (partial and async generation do "
+                             f"not carry trajectories across turns yet), not {self.scheduler.mode}")
         return self
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Sequence
 from typing import Any
 
 from adarl.config import RolloutConfig
@@ -17,12 +18,19 @@ def require_backend(backend: str) -> None:
         raise ImportError(VLLM_MISSING)
 
 
-def build_generator(model: Any, tokenizer: Any, cfg: RolloutConfig, seed: int = 0) -> Any:
-    """The generator `cfg.backend` names, sampling from (or fed by) the training `model`."""
+def build_generator(model: Any, tokenizer: Any, cfg: RolloutConfig, seed: int = 0, problems: Sequence[Any] = ()) -> Any:
+    """The generator `cfg.backend` names, sampling from (or fed by) the training `model`; with
+    `cfg.agent`, wrapped in the agent loop over the environments of `problems`."""
     if cfg.backend == "vllm":
         from adarl.rollout.vllm import VllmGenerator
 
-        return VllmGenerator(model, tokenizer, cfg, seed=seed)
-    from adarl.rollout.hf import HfGenerator
+        generator = VllmGenerator(model, tokenizer, cfg, seed=seed)
+    else:
+        from adarl.rollout.hf import HfGenerator
 
-    return HfGenerator(model, tokenizer, cfg, seed=seed)
+        generator = HfGenerator(model, tokenizer, cfg, seed=seed)
+    if cfg.agent is None:
+        return generator
+    from adarl.rollout.agent import AgentGenerator
+
+    return AgentGenerator.from_config(generator, cfg.agent, {p.id: p for p in problems}, cfg.max_new_tokens)

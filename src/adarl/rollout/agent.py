@@ -173,6 +173,25 @@ class Calculator:
         return str(int(result)) if float(result).is_integer() else repr(result)
 
 
+ENVIRONMENTS: dict[str, type] = {"calculator": Calculator}
+
+
+def environment_class(name: str) -> type:
+    """A built-in environment by name, or a class by import path ("package.module:Class")."""
+    import importlib
+
+    if name in ENVIRONMENTS:
+        return ENVIRONMENTS[name]
+    module, _, attr = name.partition(":")
+    if not attr:
+        raise ValueError(f"rollout.agent.environment {name!r}: not a built-in ({', '.join(ENVIRONMENTS)}) "
+                         "nor an import path like 'package.module:Class'")
+    cls = getattr(importlib.import_module(module), attr)
+    if not callable(getattr(cls, "reset", None)):
+        raise ValueError(f"rollout.agent.environment {name!r} has no reset(**row) method")
+    return cls
+
+
 # ---------------------------------------------------------------- the loop
 
 @dataclass
@@ -197,18 +216,40 @@ class AgentGenerator:
 
     def __init__(self, generator: Any, env_factory: Callable[[], Any], problems: Mapping[str, Problem], *,
                  parser: str = "tool_call", max_turns: int = 4, max_tool_calls: int = 8, tool_timeout_s: float = 10.0,
-                 max_tool_output_tokens: int = 256, max_context_tokens: int = 1024, tool_workers: int = 4) -> None:
+                 max_tool_output_tokens: int = 256, max_context_tokens: int = 1024, tool_workers: int = 4,
+                 tools_prompt: bool = True) -> None:
         if parser not in PARSERS:
             raise ValueError(f"unknown tool-call parser {parser!r}; parsers: {', '.join(PARSERS)}")
         self.generator, self.env_factory, self.problems = generator, env_factory, problems
         self.parse, stop = PARSERS[parser]
         self.max_turns, self.max_tool_calls, self.tool_timeout_s = max_turns, max_tool_calls, tool_timeout_s
         self.max_tool_output_tokens, self.max_context_tokens = max_tool_output_tokens, max_context_tokens
+        self.tools_prompt = tools_prompt
         self.pool = ThreadPoolExecutor(max_workers=tool_workers, thread_name_prefix="adarl-tools")
         if stop not in generator.cfg.stop:
             generator.add_stop(stop)
         self.before_tool, self.after_tool = self.check(generator.tokenizer)
         self._metrics: dict[str, float] = {}
+
+    @classmethod
+    def from_config(cls, generator: Any, cfg: Any, problems: Mapping[str, Problem],
+                    max_new_tokens: int) -> AgentGenerator:
+        """From a recipe's `rollout.agent` section (`adarl.config.AgentConfig`)."""
+        return cls(generator, environment_class(cfg.environment), problems, parser=cfg.parser,
+                   max_turns=cfg.max_turns, max_tool_calls=cfg.max_tool_calls, tool_timeout_s=cfg.tool_timeout_s,
+                   max_tool_output_tokens=cfg.max_tool_output_tokens,
+                   max_context_tokens=cfg.max_context_tokens or 4 * max_new_tokens, tool_workers=cfg.tool_workers,
+                   tools_prompt=cfg.tools_prompt)
+
+    def messages(self, problem: Problem) -> list[dict[str, str]]:
+        """The problem's chat with the tools described in the system message (when `tools_prompt`)."""
+        if not self.tools_prompt:
+            return problem.messages
+        text = tools_prompt(self.env_factory())
+        msgs = list(problem.messages)
+        if msgs and msgs[0]["role"] == "system":
+            return [{"role": "system", "content": msgs[0]["content"] + "\n\n" + text}, *msgs[1:]]
+        return [{"role": "system", "content": text}, *msgs]
 
     def __getattr__(self, name: str) -> Any:  # everything else is the wrapped generator's
         return getattr(self.generator, name)

@@ -72,7 +72,8 @@ class KeyedGenerator(Protocol):
 
 # the keys of `metrics()` that count what one call did (a step with several calls adds them up)
 COUNTS = frozenset({"tokens_generated", "tokens_reused", "tokens_discarded", "rollouts_started",
-                    "rollouts_cut_by_budget"})
+                    "rollouts_cut_by_budget", "rollouts_censored", "agent/tool_calls", "agent/censored",
+                    "agent/max_turns_reached", "agent/inserted_tokens", "agent/sampled_tokens"})
 Spares = Sequence[Request] | Callable[[int], list[Request]]  # spare requests, or a function giving k of them
 
 
@@ -207,7 +208,8 @@ class RolloutScheduler:
 
         A row that `max_tokens` stops before it finishes is left out of the result: its tokens were
         spent (`tokens_generated`) but it never trains, so no group is scored on a cut answer
-        (`rollouts_cut_by_budget`).
+        (`rollouts_cut_by_budget`). So is a censored row (its environment failed: never scored 0,
+        `rollouts_censored`).
         """
         rollouts = self.generator.generate(requests, max_tokens=max_tokens)
         for r in rollouts:
@@ -217,15 +219,20 @@ class RolloutScheduler:
         tokens = float(sum(len(r) for r in rollouts))
         groups, offset = [], 0
         for req in requests:  # each request's rows are consecutive
-            done = [r for r in rollouts[offset:offset + req.n] if r.finish_reason != "partial"]
+            done = [r for r in rollouts[offset:offset + req.n] if r.finish_reason not in ("partial", "censored")]
             offset += req.n
             if done:
                 groups.append(Generated(self.next_id, req, done))
             self.next_id += 1
+        censored = sum(r.finish_reason == "censored" for r in rollouts)
         with self._cond:
             self._metrics = {"tokens_generated": tokens, "partial_rollouts_carried": float(self._open_rollouts()),
                              "rollouts_started": float(sum(r.n for r in requests)),
-                             "rollouts_cut_by_budget": float(len(rollouts) - sum(len(g.rollouts) for g in groups))}
+                             "rollouts_cut_by_budget": float(len(rollouts) - sum(len(g.rollouts) for g in groups)
+                                                             - censored)}
+            if censored or hasattr(self.generator, "env_factory"):  # an agent: its trajectories' statistics
+                self._metrics["rollouts_censored"] = float(censored)
+                self._metrics.update(self.generator.metrics())
         return StageResult(groups, int(tokens), sum(r.n for r in requests), dict(self._metrics))
 
     def metrics(self) -> dict[str, Any]:

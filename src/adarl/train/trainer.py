@@ -46,9 +46,7 @@ from adarl.types import Batch, Group, Problem, Request, merge
 class Trainer:
     def __init__(self, recipe: Recipe, run_dir: Path):
         self.recipe, self.run_dir, self.step, self.wall_offset = recipe, Path(run_dir), 0, 0.0
-        random.seed(recipe.seed)
-        np.random.seed(recipe.seed % 2**32)
-        torch.manual_seed(recipe.seed)
+        random.seed(recipe.seed), np.random.seed(recipe.seed % 2**32), torch.manual_seed(recipe.seed)
         if recipe.model.threads:
             torch.set_num_threads(recipe.model.threads)
         if recipe.deterministic:
@@ -68,7 +66,9 @@ class Trainer:
         self.token_weightings = [registry.build("tokens", spec) for spec in recipe.tokens]
         loss = registry.build("loss", recipe.loss)
         recipe.rollout.backend = resolve_backend(recipe)  # auto -> the one used, as config.yaml records
-        self.generator = build_generator(self.model, self.tokenizer, recipe.rollout, seed=recipe.seed)
+        self.generator = build_generator(self.model, self.tokenizer, recipe.rollout, seed=recipe.seed,
+                                         problems=self.task.train + self.task.eval)  # an agent's environments
+        self.agent = self.generator if recipe.rollout.agent else None
         self.rollouts = RolloutScheduler(self.generator, recipe.rollout.scheduler)
         self.budget = Budget(recipe.budget.max_tokens, recipe.budget.tokens_per_step,
                              recipe.budget.rollouts_per_step, expected_length=recipe.rollout.max_new_tokens)
@@ -91,7 +91,8 @@ class Trainer:
 
     def prompt_ids(self, problem: Problem) -> list[int]:
         if problem.id not in self._prompt_cache:
-            self._prompt_cache[problem.id] = chat_ids(self.tokenizer, problem.messages)
+            messages = self.agent.messages(problem) if self.agent else problem.messages
+            self._prompt_cache[problem.id] = chat_ids(self.tokenizer, messages)
         return self._prompt_cache[problem.id]
 
     def done(self) -> bool:
