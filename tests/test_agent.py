@@ -224,3 +224,39 @@ def test_an_agent_recipe_needs_sync_generation(tiny_model_dir, tmp_path):
                        rollout={"agent": {}, "scheduler": {"mode": "partial"}})
     with pytest.raises(RecipeError, match="rollout.agent needs rollout.scheduler.mode: sync"):
         load_recipe(data=data)
+
+
+def test_a_demonstration_is_the_trajectory_the_loop_would_write():
+    ag, gen, prompt = agent({0: []})
+    demo = ag.demonstration(Problem("p", "What is 12 * 34?", answer="408"))
+    call = '<tool_call>{"name": "calculate", "arguments": {"expression": "12 * 34"}}</tool_call>'
+    chat = [{"role": "user", "content": "What is 12 * 34?"}, {"role": "assistant", "content": call},
+            {"role": "tool", "content": "408"}, {"role": "assistant", "content": "408"}]
+    rendered = list(gen.tokenizer.apply_chat_template(chat, tokenize=True, return_dict=False))
+    assert prompt + demo.completion_ids == rendered[:-1]
+    assert demo.sampled_mask.sum() == len(call) + len("408") + 1  # char-level: the call, the answer, its end
+    assert ag.demonstration(Problem("q", "No numbers here.", answer="x")) is None
+
+
+def test_sft_cold_start_on_demonstrations(tiny_model_dir, tmp_path, monkeypatch):
+    import json
+
+    from adarl.config import load_recipe
+    from adarl.train.sft import run_sft
+    from test_train import recipe_data
+
+    task = tmp_path / "mul.jsonl"
+    task.write_text("".join(json.dumps({"prompt": f"What is {a} * {b}?", "answer": str(a * b)}) + "\n"
+                            for a in range(11, 31) for b in (12, 13)))
+    data = recipe_data(tiny_model_dir, task, budget={"max_steps": 3, "prompts_per_step": 4},
+                       rollout={"max_new_tokens": 8, "agent": {}}, train={"lr": 0.01, "micro_batch_tokens": 4096},
+                       log={"tensorboard": False, "progress": False})
+    rows = []
+    for objective in ("nll",):
+        run_sft(load_recipe(data=data), tmp_path / objective, objective, steps=3)
+        rows = [json.loads(x) for x in (tmp_path / objective / "metrics.jsonl").read_text().splitlines()]
+    # 4 demonstrations a step; trained tokens (one per character): the call, <tool_call> (11) +
+    # {"name": "calculate", "arguments": {"expression": " (51) + "a * b" (7) + "}} (3) + </tool_call> (12)
+    # = 84; the product (3 digits); the end of turn (1): 88 each, nothing of the tool turn
+    assert [r["tokens"] for r in rows] == [4 * 88] * 3
+    assert rows[-1]["loss"] < rows[0]["loss"]

@@ -102,9 +102,12 @@ PARSERS: dict[str, tuple[Callable[[str], list[ToolCall]], str]] = {
 # ---------------------------------------------------------------- tools
 
 def tools_of(env: Any) -> dict[str, Callable[..., Any]]:
-    """The environment's tools: its public methods other than `reset` and `get_reward`."""
+    """The environment's tools: its public methods other than `reset`, `get_reward` and `demonstration`."""
     return {name: fn for name, fn in inspect.getmembers(env, callable)
-            if not name.startswith("_") and name not in ("reset", "get_reward") and inspect.ismethod(fn)}
+            if not name.startswith("_") and name not in NOT_TOOLS and inspect.ismethod(fn)}
+
+
+NOT_TOOLS = ("reset", "get_reward", "demonstration")
 
 
 _JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array", dict: "object"}
@@ -122,6 +125,14 @@ def tool_schemas(env: Any) -> list[dict[str, Any]]:
                                                   for p in params},
                                    "required": [p.name for p in params if p.default is p.empty]}})
     return out
+
+
+def with_tools(problem: Problem, env: Any) -> list[dict[str, str]]:
+    """The problem's chat with `env`'s tools described in its system message."""
+    text, msgs = tools_prompt(env), list(problem.messages)
+    if msgs and msgs[0]["role"] == "system":
+        return [{"role": "system", "content": msgs[0]["content"] + "\n\n" + text}, *msgs[1:]]
+    return [{"role": "system", "content": text}, *msgs]
 
 
 def tools_prompt(env: Any) -> str:
@@ -156,11 +167,21 @@ def safe_arithmetic(expression: str) -> int | float:
     return value(ast.parse(expression, mode="eval").body)
 
 
+_EXPRESSION = re.compile(r"\d+(?:\s*[-+*/]\s*\d+)+")
+
+
 class Calculator:
     """A built-in environment with one tool: exact arithmetic."""
 
     def reset(self, **row: Any) -> None:
         return None
+
+    def demonstration(self, prompt: Any = "", **row: Any) -> list[ToolCall] | None:
+        """How a solver would use the tools on this problem (for SFT cold start): calculate the
+        last arithmetic expression of the prompt; None if it has none."""
+        text = prompt if isinstance(prompt, str) else " ".join(m["content"] for m in prompt)
+        found = _EXPRESSION.findall(text)
+        return [ToolCall("calculate", {"expression": found[-1]})] if found else None
 
     def calculate(self, expression: str) -> str:
         """Evaluate an arithmetic expression, e.g. "123 * 456"."""
@@ -243,13 +264,25 @@ class AgentGenerator:
 
     def messages(self, problem: Problem) -> list[dict[str, str]]:
         """The problem's chat with the tools described in the system message (when `tools_prompt`)."""
-        if not self.tools_prompt:
-            return problem.messages
-        text = tools_prompt(self.env_factory())
-        msgs = list(problem.messages)
-        if msgs and msgs[0]["role"] == "system":
-            return [{"role": "system", "content": msgs[0]["content"] + "\n\n" + text}, *msgs[1:]]
-        return [{"role": "system", "content": text}, *msgs]
+        return with_tools(problem, self.env_factory()) if self.tools_prompt else problem.messages
+
+    def demonstration(self, problem: Problem) -> Rollout | None:
+        """A solved trajectory for SFT: the environment's `demonstration` calls (run for real, so the
+        tool turns are what the loop would insert), then the answer; None when it has none."""
+        env = self.env_factory()
+        row = {"prompt": problem.prompt, "answer": problem.answer, **problem.columns}
+        env.reset(**row)
+        calls = getattr(env, "demonstration", lambda **_: None)(**row)
+        if not calls or problem.answer is None:
+            return None
+        t = _Trajectory(0, 0, env)
+        written = "".join(f'<tool_call>{json.dumps({"name": c.name, "arguments": c.arguments})}</tool_call>'
+                          for c in calls)
+        t.spans.append(Span("model", self._encode(written), [0.0] * len(self._encode(written))))
+        self._append_results(t, self._tool_turn(t, written))
+        answer = self._encode(str(problem.answer)) + [self.generator.tokenizer.eos_token_id]
+        t.spans.append(Span("model", answer, [0.0] * len(answer)))
+        return Rollout(problem.id, finish_reason="stop", spans=t.spans, text=str(problem.answer))
 
     def __getattr__(self, name: str) -> Any:  # everything else is the wrapped generator's
         return getattr(self.generator, name)

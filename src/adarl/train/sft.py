@@ -27,15 +27,25 @@ from adarl.train.learner import build_optimizer
 from adarl.train.logprobs import micro_batches, pack
 from adarl.types import Problem
 
+Example = tuple[list[int], list[int], list[float]]  # prompt ids, completion ids, 1 where trained
 
-def sft_pairs(problems: list[Problem], tokenizer: Any) -> list[tuple[list[int], list[int]]]:
-    """(prompt ids, answer ids + eos) per problem; prompts built as `Trainer.prompt_ids` builds them."""
+
+def sft_pairs(problems: list[Problem], tokenizer: Any, agent: Any = None) -> list[Example]:
+    """(prompt ids, answer ids + eos, all trained) per problem; prompts built as `Trainer.prompt_ids`
+    builds them. With an `agent` (rollout/agent.py), each example is the environment's demonstration
+    trajectory instead: its tool calls and the answer are trained, the inserted tool turns are not."""
     pairs = []
     for p in problems:
         if p.answer is None:
             raise ValueError(f"sft: problem {p.id!r} has no answer; every training problem needs one to imitate")
+        if agent is not None:
+            demo = agent.demonstration(p)
+            if demo is None:
+                raise ValueError(f"sft: the environment has no demonstration for problem {p.id!r}")
+            pairs.append((chat_ids(tokenizer, agent.messages(p)), demo.completion_ids, demo.sampled_mask.tolist()))
+            continue
         answer = list(tokenizer(str(p.answer), add_special_tokens=False)["input_ids"])
-        pairs.append((chat_ids(tokenizer, p.messages), [*answer, tokenizer.eos_token_id]))
+        pairs.append((chat_ids(tokenizer, p.messages), [*answer, tokenizer.eos_token_id], [1.0] * (len(answer) + 1)))
     return pairs
 
 
@@ -58,7 +68,13 @@ def run_sft(recipe: Recipe, run_dir: Path, objective: Literal["otr", "nll"] = "o
         raise ValueError(f"budget.prompts_per_step is {per_step} but the task has only {len(task.train)} "
                          "training problems; lower budget.prompts_per_step or add problems")
     model, tokenizer = load_model(recipe.model, for_training=True)
-    pairs = sft_pairs(task.train, tokenizer)
+    agent = None
+    if recipe.rollout.agent is not None:  # multi-turn demonstrations (tool calls trained, tool output masked)
+        from adarl.rollout import build_generator
+
+        agent = build_generator(model, tokenizer, recipe.rollout.model_copy(update={"backend": "hf"}),
+                                problems=task.train)
+    pairs = sft_pairs(task.train, tokenizer, agent)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     t = recipe.train
     optimizer, scheduler = build_optimizer(model, t)
@@ -75,15 +91,16 @@ def run_sft(recipe: Recipe, run_dir: Path, objective: Literal["otr", "nll"] = "o
             if len(order) < per_step:  # a fresh shuffle once the epoch cannot fill a step
                 order = rng.permutation(len(pairs)).tolist()
             rows, order = [pairs[i] for i in order[:per_step]], order[per_step:]
-            n_tokens = sum(len(c) for _, c in rows)
+            n_tokens = int(sum(sum(m) for _, _, m in rows))
             sums = {"loss": 0.0, "target_logprob": 0.0, "hit_fraction": 0.0, "fallback_fraction": 0.0}
-            lengths = [len(p) + len(c) for p, c in rows]
+            lengths = [len(p) + len(c) for p, c, _ in rows]
             for index in micro_batches(list(range(len(rows))), lengths, t.micro_batch_tokens):
                 micro = [rows[i] for i in index]
-                packed = pack([p for p, _ in micro], [c for _, c in micro], pad_id)
+                packed = pack([p for p, _, _ in micro], [c for _, c, _ in micro], pad_id)
+                keep = torch.tensor([x > 0 for _, _, m in micro for x in m])  # in `source` order: trained tokens
                 hidden = decoder(input_ids=packed.input_ids.to(device), use_cache=False).last_hidden_state
-                logits = lm_head(hidden.reshape(-1, hidden.shape[-1]).index_select(0, packed.source.to(device)))
-                targets = packed.targets[packed.completion_mask].to(device)
+                logits = lm_head(hidden.reshape(-1, hidden.shape[-1]).index_select(0, packed.source[keep].to(device)))
+                targets = packed.targets[packed.completion_mask][keep].to(device)
                 if objective == "otr":
                     loss, stats = otr_token_loss(logits, targets, k, generator, temperature, negative_reward,
                                                  baseline, target_fallback)
