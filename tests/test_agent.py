@@ -260,3 +260,14 @@ def test_sft_cold_start_on_demonstrations(tiny_model_dir, tmp_path, monkeypatch)
     # = 84; the product (3 digits); the end of turn (1): 88 each, nothing of the tool turn
     assert [r["tokens"] for r in rows] == [4 * 88] * 3
     assert rows[-1]["loss"] < rows[0]["loss"]
+
+
+def test_roc_reads_the_tool_error_rate_of_each_trajectory():
+    from adarl.allocate.roc import tool_error_rate
+
+    ok, bad = CALL % "2*3", '<tool_call>{"name": "nope", "arguments": {}}</tool_call>'
+    ag, _, prompt = agent({0: [ok, ok, bad, "6"], 1: [bad, "?"], 2: ["6"]}, max_turns=4)
+    out = run(ag, prompt, n=3)
+    # by hand: row 0 has three tool turns, one an error (1/3); row 1 one, an error (1); row 2 none (0.5)
+    assert [tool_error_rate(r) for r in out] == pytest.approx([1 / 3, 1.0, 0.5])
+    assert [s.status for s in out[0].spans if s.role == "tool"] == ["ok", "ok", "error"]

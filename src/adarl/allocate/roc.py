@@ -3,7 +3,7 @@
 Over-sample 2G rollouts per prompt, then down-sample each group to G: keep every kind of
 failure in proportion, but only the cleanest successes (success = correct, the outcome reward).
     penalty_i = p_err(i) + p_fmt(i)
-      p_err: share of tool responses containing "error" (0.5 with no tool call; no tools here)
+      p_err: share of tool responses reporting an error (0.5 with no tool call: every single-turn rollout)
       p_fmt: 1 − the rollout's format reward when the recipe has one (0 otherwise)
     n_neg = round(|neg|·G/|group|), n_pos = G − n_neg, each at least its minimum where available
     positives: the n_pos with the smallest penalty (deterministic, as the code) or drawn with
@@ -24,11 +24,17 @@ from adarl.allocate.base import Stateless, fit, subset
 from adarl.budget import Budget
 from adarl.registry import STRICT, register
 from adarl.select.store import DifficultyStore
-from adarl.types import Group, Problem, PromptId
+from adarl.types import Group, Problem, PromptId, Rollout
+
+
+def tool_error_rate(rollout: Rollout) -> float:
+    """p_err: the share of the rollout's tool responses that report an error; 0.5 with no tool call."""
+    tools = [s for s in rollout.spans if s.role == "tool"]
+    return sum(s.status != "ok" for s in tools) / len(tools) if tools else 0.5
 
 
 def penalties(group: Group) -> np.ndarray:
-    p_err = np.full(group.size, 0.5)  # no tool calls in single-turn tasks
+    p_err = np.array([tool_error_rate(r) for r in group.rollouts])
     if "format" in group.reward_names and group.rewards is not None:
         fmt = group.rewards[:, group.reward_names.index("format")]
         return p_err + (fmt <= 0).astype(float)

@@ -359,7 +359,7 @@ class AgentGenerator:
 
     def _append_results(self, t: _Trajectory, results: list[tuple[str, Any]]) -> None:
         """Wait for a turn's tool results and append them as template and tool spans."""
-        texts = []
+        texts, failed = [], False
         for name, item in results:
             if isinstance(item, str):  # an error found before running anything
                 status, result = name, item
@@ -371,12 +371,13 @@ class AgentGenerator:
                     return
             if status != "ok":
                 t.errors[status] = t.errors.get(status, 0) + 1
+                failed = True
             texts.append(result)
         ids = self._encode("\n".join(texts))
         if len(ids) > self.max_tool_output_tokens:
             ids = ids[: self.max_tool_output_tokens] + self._encode(TRUNCATED)
         t.spans += [Span("template", self._encode(self.before_tool)),
-                    Span("tool", ids, name=",".join(n for n, _ in results), status="ok" if not t.errors else "error"),
+                    Span("tool", ids, name=",".join(n for n, _ in results), status="error" if failed else "ok"),
                     Span("template", self._encode(self.after_tool))]
 
     def generate(self, requests: list[Request], greedy: bool = False, max_new_tokens: int | None = None,
