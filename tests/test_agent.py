@@ -4,6 +4,7 @@ chat template's own rendering of the conversation (token in, token out means the
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -199,7 +200,8 @@ def test_agent_trajectories_train_end_to_end(tiny_model_dir, tmp_path, monkeypat
     monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
     data = recipe_data(tiny_model_dir, write_task(tmp_path), budget={"max_steps": 2, "prompts_per_step": 2},
                        rollout={"temperature": 1.0, "max_new_tokens": 8, "agent": {"max_turns": 2}},
-                       allocate={"name": "fixed", "n": 3}, log={"tensorboard": False, "progress": False})
+                       allocate={"name": "fixed", "n": 3},
+                       log={"tensorboard": False, "progress": False, "rollouts_every": 1})
     trainer = Trainer(load_recipe(data=data), tmp_path / "run")
     assert isinstance(trainer.generator, AgentGenerator)
     assert "calculate" in trainer.tokenizer.decode(trainer.prompt_ids(trainer.task.train[0]))  # tools described
@@ -214,6 +216,11 @@ def test_agent_trajectories_train_end_to_end(tiny_model_dir, tmp_path, monkeypat
     assert row["step_tokens"] == sum(len(r) for r in rollouts) < sum(len(r.completion_ids) for r in rollouts)
     moved = any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
     assert moved == (row["trained_fraction"] > 0)
+    (tmp_path / "run").mkdir(exist_ok=True)
+    trainer.logs.write(1, trainer.last_groups, {})  # rollouts.jsonl shows each turn, the tool's marked
+    logged = [json.loads(x) for x in (tmp_path / "run" / "rollouts.jsonl").read_text().splitlines()]
+    assert len(logged) == 6 and [t["role"] for t in logged[0]["trajectory"]][:2] == ["model", "tool"]
+    assert logged[0]["trajectory"][1] == {"role": "tool", "text": "42", "tool": "calculate", "status": "ok"}
 
 
 def test_an_agent_recipe_needs_sync_generation(tiny_model_dir, tmp_path):

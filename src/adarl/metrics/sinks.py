@@ -231,8 +231,8 @@ class RunLogs:
 
     PROMPTS, ROLLOUTS = "prompts.jsonl", "rollouts.jsonl"
 
-    def __init__(self, run_dir: Path, rollouts_every: int) -> None:
-        self.run_dir, self.rollouts_every = Path(run_dir), rollouts_every
+    def __init__(self, run_dir: Path, rollouts_every: int, decode: Any = None) -> None:
+        self.run_dir, self.rollouts_every, self.decode = Path(run_dir), rollouts_every, decode
 
     def start(self, resumed_step: int | None) -> None:
         """Resuming at `resumed_step`: drop the lines of later steps (atomically); else start empty."""
@@ -259,7 +259,12 @@ class RunLogs:
             for g in groups:
                 prompt = g.problem.messages[-1]["content"]
                 for i, r in enumerate(g.rollouts):
-                    f.write(json.dumps({
+                    extra = {}
+                    if len(r.spans) > 1 and self.decode is not None:  # an agent's trajectory, turn by turn
+                        extra["trajectory"] = [{"role": s.role, "text": self.decode(s.ids), **(
+                            {"tool": s.name, "status": s.status} if s.role == "tool" else {})}
+                            for s in r.spans if s.role != "template"]
+                    f.write(json.dumps({**extra,
                         "step": step, "prompt_id": g.problem.id, "prompt": prompt, "completion": r.text,
                         "rewards": dict(zip(g.reward_names, map(float, g.rewards[i]), strict=True)),
                         "reward": float(g.reward[i]), "correct": bool(g.correct[i]),

@@ -84,7 +84,7 @@ class Trainer:
                                pad_id=self.generator.pad_id, rng=self.np_rng, reference=self.reference,
                                max_len=recipe.loss.get("max_len") or recipe.rollout.max_new_tokens,
                                entropy=self.entropy)
-        self.logs = RunLogs(self.run_dir, recipe.log.rollouts_every)
+        self.logs = RunLogs(self.run_dir, recipe.log.rollouts_every, decode=self.tokenizer.decode)
         self._prompt_cache: dict[str, list[int]] = {}
         self.last_groups: list[Group] = []
         self.last_advantages: dict[int, float] = {}
