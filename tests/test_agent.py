@@ -278,3 +278,21 @@ def test_roc_reads_the_tool_error_rate_of_each_trajectory():
     # by hand: row 0 has three tool turns, one an error (1/3); row 1 one, an error (1); row 2 none (0.5)
     assert [tool_error_rate(r) for r in out] == pytest.approx([1 / 3, 1.0, 0.5])
     assert [s.status for s in out[0].spans if s.role == "tool"] == ["ok", "ok", "error"]
+
+
+def test_adarl_eval_runs_the_agent_loop(tiny_model_dir, tmp_path, monkeypatch):
+    from adarl.config import load_recipe
+    from adarl.evaluate import EvalTask, evaluate_task
+    from adarl.models import load_model
+    from adarl.rollout import build_generator
+    from test_train import recipe_data, write_task
+
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
+    recipe = load_recipe(data=recipe_data(tiny_model_dir, write_task(tmp_path),
+                                          rollout={"max_new_tokens": 8, "agent": {"max_turns": 2}}))
+    model, tok = load_model(recipe.model, for_training=False)
+    generator = build_generator(model, tok, recipe.rollout)
+    generator.generator = FirstTurnCalls(generator.generator, "2+2")
+    task = EvalTask("t", recipe.task, list(recipe.rewards), recipe.task.data_seed)
+    summary, results = evaluate_task(generator, tok, task, ks=[1], n=2, size=3)
+    assert summary["problems"] == 3 and generator.metrics()["agent/tool_calls"] == 3 * 2  # every sampled row called

@@ -297,7 +297,13 @@ def evaluate_task(generator, tokenizer, task: EvalTask, *, ks: list[int], n: int
         problems = problems[:size]
     if not problems:
         raise ValueError(f"task {task.name}: the held-out split is empty (task.eval_size is 0?)")
-    prompt_ids = {p.id: chat_ids(tokenizer, p.messages) for p in problems}
+    from adarl.rollout.agent import AgentGenerator
+
+    chat = lambda p: p.messages  # noqa: E731
+    if isinstance(generator, AgentGenerator):  # tool use: the loop runs, its environments see these problems
+        generator.problems = {**generator.problems, **{p.id: p for p in problems}}
+        chat = generator.messages
+    prompt_ids = {p.id: chat_ids(tokenizer, chat(p)) for p in problems}
     generator.rng.set_state({"seed": seed, "calls": 0})
     rewards = Rewards(task.rewards, workers=workers, timeout_s=timeout_s)
     try:
