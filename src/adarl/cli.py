@@ -94,7 +94,8 @@ def sft(
     steps: Annotated[int | None, typer.Option("--steps", min=1, help="default: budget.max_steps")] = None,
     run_dir: Annotated[Path | None, typer.Option("--run-dir", help="where the run is written")] = None,
 ) -> None:
-    """Supervised fine-tuning on the task's (prompt, answer) pairs, with OTR or plain NLL."""
+    """Supervised fine-tuning on the task's (prompt, answer) pairs (an agent recipe: its environment's
+    demonstration trajectories, tool turns masked), with OTR or plain NLL."""
     from adarl.config import RecipeError, load_recipe
 
     if objective not in ("otr", "nll"):

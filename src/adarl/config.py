@@ -205,6 +205,15 @@ class AgentConfig(Section):
     tools_prompt: bool = True  # describe the tools and the call format in a system message
 
 
+class BranchingConfig(Section):
+    """Groups grown as trees that fork at high-entropy tokens (rollout/branching.py: TreeRL's EPTree)."""
+
+    policy: Literal["eptree"] = "eptree"
+    roots: int = Field(2, gt=0, le=4096)  # M: chains sampled from the prompt (capped by the group size)
+    top_n: int = Field(2, gt=0, le=4096)  # N: fork points per chain, its highest-entropy tokens
+    children: int = Field(2, gt=0, le=4096)  # T: continuations per fork point
+
+
 class RolloutConfig(Section):
     # auto: vllm when it is installed and the recipe needs nothing only hf has, else hf;
     # resolved when the recipe loads, so config.yaml (and a resume) names the one used
@@ -225,6 +234,7 @@ class RolloutConfig(Section):
     scheduler: SchedulerConfig = SchedulerConfig()  # sync, or APRIL partial rollouts
     vllm: VllmConfig = VllmConfig()  # used when backend is vllm
     agent: AgentConfig | None = None  # tool-using trajectories; None: single-turn completions
+    branching: BranchingConfig | None = None  # tree-shaped groups sharing prefixes; None: independent samples
 
     def hf_only(self) -> list[str]:
         """What this section asks for that only the hf backend does."""
@@ -232,6 +242,8 @@ class RolloutConfig(Section):
         if self.adaptive_temperature is not None:
             out.append("rollout.adaptive_temperature needs backend: hf (vLLM samples at one temperature "
                        "per request, not one per token)")
+        if self.branching is not None:
+            out.append("rollout.branching needs backend: hf (it forks at the entropies hf records)")
         if self.scheduler.mode == "async":
             out.append("rollout.scheduler.mode: async needs backend: hf (its generation thread samples "
                        "from a copy of the model); use partial with vllm")
@@ -241,6 +253,9 @@ class RolloutConfig(Section):
     def _check(self) -> RolloutConfig:
         if self.backend == "vllm" and (problems := self.hf_only()):
             raise ValueError(problems[0])
+        if self.branching is not None and (self.agent is not None or self.scheduler.mode != "sync"):
+            raise ValueError("rollout.branching needs rollout.scheduler.mode: sync and no rollout.agent (branching "
+                             "inside agent trajectories and across partial steps is not built yet)")
         if self.agent is not None and self.scheduler.mode != "sync":
             raise ValueError(f"rollout.agent needs rollout.scheduler.mode: sync (partial and async generation do "
                              f"not carry trajectories across turns yet), not {self.scheduler.mode}")

@@ -195,6 +195,11 @@ def trainable_masks(rollouts: list[Rollout]) -> list[np.ndarray]:
     return out
 
 
+def sampled_tokens(rollouts: list[Rollout]) -> int:
+    """Tokens the policy sampled for `rollouts`, a span shared by several counted once (the budget's count)."""
+    return sum(len(s) for s in {id(s): s for r in rollouts for s in r.spans if s.sampled}.values())
+
+
 def shared_span_owners(rollouts: list[Rollout]) -> dict[int, list[int]]:
     """id(span) -> the indices of the rollouts that contain it, for spans in more than one."""
     owners: dict[int, list[int]] = {}

@@ -29,6 +29,11 @@ def build_generator(model: Any, tokenizer: Any, cfg: RolloutConfig, seed: int = 
         from adarl.rollout.hf import HfGenerator
 
         generator = HfGenerator(model, tokenizer, cfg, seed=seed)
+    if cfg.branching is not None:
+        from adarl.rollout.branching import BranchingGenerator
+
+        b = cfg.branching
+        return BranchingGenerator(generator, roots=b.roots, top_n=b.top_n, children=b.children)
     if cfg.agent is None:
         return generator
     from adarl.rollout.agent import AgentGenerator

@@ -49,7 +49,7 @@ import numpy as np
 
 from adarl.config import SchedulerConfig
 from adarl.rollout.hf import Progress, StopWhen
-from adarl.types import Generated, Request, Rollout, StageResult
+from adarl.types import Generated, Request, Rollout, StageResult, sampled_tokens
 
 
 class KeyedGenerator(Protocol):
@@ -216,7 +216,7 @@ class RolloutScheduler:
             for span in r.spans:
                 if span.sampled and span.versions is None:
                     span.versions = [r.policy_version] * len(span)
-        tokens = float(sum(len(r) for r in rollouts))
+        tokens = float(sampled_tokens(rollouts))  # a prefix shared by branches is paid once
         groups, offset = [], 0
         for req in requests:  # each request's rows are consecutive
             done = [r for r in rollouts[offset:offset + req.n] if r.finish_reason not in ("partial", "censored")]
@@ -232,6 +232,7 @@ class RolloutScheduler:
                                                              - censored)}
             if censored or hasattr(self.generator, "env_factory"):  # an agent: its trajectories' statistics
                 self._metrics["rollouts_censored"] = float(censored)
+            if hasattr(self.generator, "metrics"):  # agent loop, branching: their statistics
                 self._metrics.update(self.generator.metrics())
         return StageResult(groups, int(tokens), sum(r.n for r in requests), dict(self._metrics))
 

@@ -1,0 +1,103 @@
+"""Branching rollouts (TreeRL's EPTree): forks share their prefix span; tokens paid and trained once.
+Expected trees, positions and counts are worked out by hand from the scripted entropies."""
+
+from __future__ import annotations
+
+import pytest
+
+from adarl.rollout.branching import BranchingGenerator, fork_points, split_at
+from adarl.rollout.scheduler import RolloutScheduler
+from adarl.types import Request, Rollout, Span, sampled_tokens, trainable_masks
+from conftest import make_tiny_tokenizer
+
+ROOT_IDS = [10, 11, 12, 13, 14]
+ROOT_ENTROPY = [2.0, 0.1, 0.9, 0.5, 0.9]  # position 0 never forks: the top two are 2 and 4 (tied at 0.9, earliest)
+
+
+class Scripted:
+    """Roots are ROOT_IDS; a continuation from a prefix of length p writes [100 + p, 200 + p]."""
+
+    def __init__(self):
+        self.tokenizer = make_tiny_tokenizer()
+        self.policy_version = 0
+        self.calls: list[list[Request]] = []
+
+    def generate(self, requests, greedy=False, max_new_tokens=None, stop_when=None, keys=None, max_tokens=None):
+        self.calls.append(requests)
+        out = []
+        for req in requests:
+            for _ in range(req.n):
+                if req.prefix_ids:
+                    p = len(req.prefix_ids)
+                    out.append(Rollout(req.prompt_id, [100 + p, 200 + p], [-1.0, -1.0], "stop", entropies=[0.3, 0.3]))
+                else:
+                    out.append(Rollout(req.prompt_id, list(ROOT_IDS), [-1.0] * 5, "stop", entropies=list(ROOT_ENTROPY)))
+        return out
+
+
+def test_split_keeps_the_content_and_returns_the_prefix_spans():
+    r = Rollout("p", finish_reason="stop", spans=[Span("model", [1, 2, 3], [-1.0] * 3, [0.5] * 3, [0] * 3),
+                                                  Span("tool", [7]), Span("model", [4], [-1.0], [0.5], [0])])
+    shared = split_at(r, 2)
+    assert [s.ids for s in shared] == [[1, 2]] and [s.ids for s in r.spans] == [[1, 2], [3], [7], [4]]
+    assert r.completion_ids == [1, 2, 3, 7, 4] and r.spans[1].logprobs == [-1.0] and r.spans[0] is shared[0]
+    assert [s.ids for s in split_at(r, 4)] == [[1, 2], [3], [7]]  # a boundary: no new cut
+
+
+def test_forks_at_the_highest_entropy_tokens():
+    r = Rollout("p", ROOT_IDS, [-1.0] * 5, "stop", entropies=ROOT_ENTROPY)
+    assert fork_points(r, 2) == [2, 4]
+    with pytest.raises(ValueError, match="entropies"):
+        fork_points(Rollout("p", [1, 2], [-1.0, -1.0], "stop"), 1)
+
+
+def test_a_tree_of_n_leaves_shares_its_prefixes():
+    gen = BranchingGenerator(Scripted(), roots=2, top_n=2, children=2)
+    leaves = gen.generate([Request("p", [1], 5)], keys=None)
+    # n = 5, 1 + N·T = 5: one root; forks at positions 2 and 4, two children each
+    assert len(leaves) == 5
+    root, *children = leaves
+    assert root.completion_ids == ROOT_IDS
+    assert [c.completion_ids for c in children] == [[10, 11, 102, 202]] * 2 + [[10, 11, 12, 13, 104, 204]] * 2
+    assert children[0].spans[0] is root.spans[0] and children[2].spans[1] is root.spans[1]
+    # paid once: the root's 5 tokens and 2 new ones per child
+    assert sampled_tokens(leaves) == 5 + 4 * 2 and gen.metrics()["branch/sampled_tokens"] == 13
+    assert gen.metrics()["branch/shared_token_fraction"] == pytest.approx(1 - 13 / (5 + 2 * 4 + 2 * 6))
+    # trained once: the prefix tokens are trainable in the root only
+    assert [m.tolist() for m in trainable_masks(leaves)] == [[1] * 5, [0, 0, 1, 1], [0, 0, 1, 1],
+                                                              [0, 0, 0, 0, 1, 1], [0, 0, 0, 0, 1, 1]]
+    # the fork requests: one per fork point, its prefix pre-filled once for both children
+    assert [(r.prefix_ids, r.n) for r in gen.generator.calls[1]] == [([10, 11], 2), ([10, 11, 12, 13], 2)]
+
+
+def test_the_budget_pays_a_shared_prefix_once():
+    result = RolloutScheduler(BranchingGenerator(Scripted(), roots=2, top_n=2, children=2)).complete(
+        [Request("p", [1], 5)])
+    assert result.tokens_spent == 13 and result.metrics["branch/leaves_per_prompt"] == 5
+
+
+def test_branching_trains_end_to_end(tiny_model_dir, tmp_path, monkeypatch):
+    from adarl.config import load_recipe
+    from adarl.train.trainer import Trainer
+    from test_train import recipe_data, write_task
+
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
+    data = recipe_data(tiny_model_dir, write_task(tmp_path), budget={"max_steps": 2, "prompts_per_step": 2},
+                       rollout={"temperature": 1.0, "max_new_tokens": 8,
+                                "branching": {"roots": 1, "top_n": 2, "children": 2}},
+                       allocate={"name": "fixed", "n": 5}, log={"tensorboard": False, "progress": False})
+    trainer = Trainer(load_recipe(data=data), tmp_path / "run")
+    row = trainer.train_step()
+    leaves = [r for g in trainer.last_groups for r in g.rollouts]
+    assert len(leaves) == 10 and row["rollout/branch/leaves_per_prompt"] == 5
+    assert row["step_tokens"] == sampled_tokens(leaves) < sum(len(r) for r in leaves)
+    assert row["rollout/branch/shared_token_fraction"] > 0
+
+
+def test_branching_needs_hf_and_sync(tiny_model_dir, tmp_path):
+    from adarl.config import RecipeError, load_recipe
+    from test_train import recipe_data, write_task
+
+    for bad in ({"backend": "vllm"}, {"scheduler": {"mode": "partial"}}, {"agent": {}}):
+        with pytest.raises(RecipeError, match="rollout.branching needs"):
+            load_recipe(data=recipe_data(tiny_model_dir, write_task(tmp_path), rollout={"branching": {}, **bad}))
