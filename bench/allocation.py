@@ -39,6 +39,7 @@ METHODS: dict[str, list[str]] = {
     # BroRL's large N at this scale: the same 64 rollouts a step, spread over 2 prompts
     "brorl": ["allocate={name: brorl, n: 32}", "budget.prompts_per_step=2"],
     "vade+dars": ["select.name=vade", "allocate={name: dars, n: 8, n_max: 24}", "advantage.name=drgrpo"],
+    "pilot_commit": ["allocate={name: pilot_commit, pilot_n: 2, commit_n: 6}"],
 }
 TASKS: dict[str, list[str]] = {
     "addition": [],

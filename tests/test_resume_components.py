@@ -55,6 +55,9 @@ WALK = {
         select={"name": "gdro", "k": 4}, allocate={"name": "brorl", "n": 6}, loss={"name": "decoupled_ppo"},
         rollout={"temperature": 1.0, "max_new_tokens": 8,
                  "scheduler": {"mode": "partial", "over_provision": 2.0}}),
+    "vade+pilot_commit": dict(  # the buffer (pilot groups of earlier steps) crosses checkpoints
+        select={"name": "vade"}, allocate={"name": "pilot_commit", "pilot_n": 2, "commit_n": 2, "p_lo": 0.0,
+                                           "p_up": 0.0, "gen_multiplier": 2}),
     "curriculum+fixed+drgrpo+epochs2": dict(
         select={"name": "curriculum"}, advantage={"name": "drgrpo"},
         train={"lr": 0.02, "micro_batch_tokens": 64, "epochs": 2}),

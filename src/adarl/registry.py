@@ -28,7 +28,7 @@ _REGISTRY: dict[str, dict[str, type]] = {stage: {} for stage in STAGES}
 _BUILTINS = {
     "select": ["adarl.select.uniform", "adarl.select.vade", "adarl.select.gdro", "adarl.select.curriculum"],
     "allocate": ["adarl.allocate.fixed", "adarl.allocate.dapo", "adarl.allocate.dars", "adarl.allocate.xrpo",
-                 "adarl.allocate.gdro", "adarl.allocate.roc"],
+                 "adarl.allocate.gdro", "adarl.allocate.roc", "adarl.allocate.pilot_commit"],
     "shaping": ["adarl.shaping.overlong", "adarl.shaping.length_penalty", "adarl.shaping.fapo", "adarl.shaping.hbpo"],
     "advantage": ["adarl.advantage.grpo", "adarl.advantage.rloo", "adarl.advantage.reinforce_pp",
                   "adarl.advantage.xrpo", "adarl.advantage.rdpo", "adarl.advantage.hapo", "adarl.advantage.hbpo"],

@@ -142,7 +142,8 @@ class Trainer:
     def rollout_and_verify(self, counts: dict[str, int], problems: dict[str, Problem], groups: dict[str, Group],
                            metrics: StepMetrics, first_stage: bool = True) -> None:
         """Generate one allocator stage's requests within the step's budget, verify and shape them."""
-        requests = [Request(pid, self.prompt_ids(problems[pid]), n) for pid, n in counts.items() if n > 0]
+        requests = [Request(pid, self.prompt_ids(problems.setdefault(pid, self.problems_by_id[pid])), n)
+                    for pid, n in counts.items() if n > 0]  # a prompt may be of an earlier step (a buffer)
         crash_point("generate", self.step + 1)
         t0 = time.perf_counter()
         tokens_left = self.budget.step_tokens_left()  # a hard cap: generation stops before passing it
