@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 import adarl.compare as cmp
+import adarl.runs as runs
 from adarl.config import dump_recipe, load_recipe
 from adarl.stats import mean_ci, t_quantile
 
@@ -215,7 +216,7 @@ def test_unreached_seeds_are_counted_not_averaged(tmp_path):
 def test_find_runs_keeps_the_comparison_order(tmp_path):
     out = write_comparison(tmp_path / "cmp")
     (out / "comparison.json").write_text(json.dumps({"recipes": [{"name": "B"}, {"name": "A"}]}))
-    found = cmp.find_runs(out)
+    found = runs.find_runs(out)
     assert list(found) == ["B", "A"] and [s for s, _ in found["B"]] == [0, 1, 2]
 
 
@@ -350,7 +351,7 @@ def test_compare_end_to_end_on_tiny_model(tiny_model_dir, tmp_path, monkeypatch)
     for rec in result["recipes"]:
         run = rec["runs"][0]
         assert run["status"] == "finished", (out / rec["name"] / "seed0" / "train.log").read_text()
-        rows = cmp.read_metrics(Path(run["dir"]))
+        rows = runs.read_metrics(Path(run["dir"]))
         last = rows[-1]
         # stopped by the token budget (max_steps is null), within one step (2 prompts x 4 x 8 tokens) of it
         assert 150 - 64 < last["tokens"] <= 150 + 64 and last["step"] >= 3
@@ -369,7 +370,7 @@ def test_compare_end_to_end_on_tiny_model(tiny_model_dir, tmp_path, monkeypatch)
     assert (out / "grpo" / "seed0" / "metrics.jsonl").stat().st_mtime_ns == mtime
     assert again["recipes"][0]["final_pass@1"] == result["recipes"][0]["final_pass@1"]
 
-    from adarl.metrics.report import write_report
+    from adarl.report import write_report
 
     text = write_report(out).read_text()
     # 6 curve panels (no eval JSON) + the prompt × step heat maps (pass rate, rollouts) from prompts.jsonl

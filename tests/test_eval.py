@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from adarl import evaluate as ev
 from adarl.cli import app
 from adarl.config import load_recipe
-from adarl.metrics.report import render
+from adarl.report import render
 from adarl.train.trainer import Trainer
 from test_train import recipe_data, write_task
 

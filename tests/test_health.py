@@ -83,7 +83,7 @@ def test_entropy_collapse():
 
 def test_flags_reach_the_comparison_and_the_report(tmp_path):
     import adarl.compare as cmp
-    from adarl.metrics.report import render
+    from adarl.report import render
 
     run = write_run(tmp_path / "cmp" / "A" / "seed0", {0: 0.5, 2: 0.2, 4: 0.1}, steps=4, tokens_per_step=100)
     write_run(tmp_path / "cmp" / "A" / "seed1", {0: 0.5, 2: 0.6, 4: 0.7}, steps=4, tokens_per_step=100, seed=1)
@@ -138,7 +138,7 @@ def test_values_that_are_not_numbers_are_skipped(value):
 
 def test_health_reads_only_metrics_rows(tmp_path: Path):
     # a run directory's metrics feed check() unchanged: the synthetic runs of test_compare are healthy
-    from adarl.compare import read_metrics
+    from adarl.runs import read_metrics
 
     run = write_run(tmp_path / "run", {0: 0.2, 2: 0.4, 4: 0.5}, steps=4, tokens_per_step=100)
     assert health.check(read_metrics(run)) == []

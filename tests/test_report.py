@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from adarl.metrics.report import COLORS, render, write_report
+from adarl.report import COLORS, render, write_report
 from test_compare import write_comparison, write_run
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
@@ -206,7 +206,7 @@ def test_console_errors_and_broken_images_are_detected(chromium, tmp_path):
 
 
 def test_band_is_mean_min_max_over_the_steps_all_seeds_share():
-    from adarl.metrics.report import band
+    from adarl.report import band
 
     a = (np.array([0, 2, 4]), np.array([0, 300, 700]), np.array([0.2, 0.4, 0.6]))
     b = (np.array([0, 2, 4, 6]), np.array([0, 200, 500, 800]), np.array([0.3, 0.2, 0.8, 0.9]))

@@ -78,8 +78,8 @@ def train(
     report = Path(target) / "report.html"
     if report.is_file():
         typer.echo(f"report: {report}")
-    from adarl.compare import read_metrics
     from adarl.metrics.health import check
+    from adarl.runs import read_metrics
 
     for flag in check(read_metrics(Path(target))):
         typer.secho(f"health: {flag}", fg=typer.colors.YELLOW)
@@ -278,7 +278,7 @@ def compare(
     typer.echo(cmp.NOTES)
     typer.echo(f"wrote {out / cmp.COMPARISON_FILE}")
     if report:
-        from adarl.metrics.report import write_report
+        from adarl.report import write_report
 
         typer.echo(f"wrote {write_report(out)}")
     failed = [run["dir"] for rec in result["recipes"] for run in rec["runs"] if run["status"] != "finished"]
@@ -310,7 +310,7 @@ def schema(
 def report(
     run_or_comparison: Annotated[Path, typer.Argument(help="a run directory or an `adarl compare` directory")],
 ) -> None:
-    from adarl.metrics.report import write_report
+    from adarl.report import write_report
 
     try:
         path = write_report(run_or_comparison)

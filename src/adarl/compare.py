@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -46,11 +45,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
+from adarl.runs import COMPARISON_FILE, find_runs, load_run
 from adarl.stats import mean_ci, paired, wilson
 
-COMPARISON_FILE = "comparison.json"
 PASS1 = "eval/pass@1"
 TARGET_GAIN = 0.1
 
@@ -93,51 +91,6 @@ def tokens_to(curve: Sequence[tuple[float, float]], target: float, budget: float
 
 # ---------------------------------------------------------------- reading runs
 
-_SEED_DIR = re.compile(r"^seed(\d+)$")
-
-
-def is_run_dir(path: Path) -> bool:
-    return (path / "metrics.jsonl").is_file() or (path / "config.yaml").is_file()
-
-
-def find_runs(comparison_dir: Path) -> dict[str, list[tuple[int, Path]]]:
-    """``{recipe name: [(seed, run dir), ...]}`` of ``DIR/<name>/seed<k>/``, in the comparison's order."""
-    comparison_dir = Path(comparison_dir)
-    order: list[str] = []
-    saved = comparison_dir / COMPARISON_FILE
-    if saved.is_file():
-        try:
-            order = [r["name"] for r in json.loads(saved.read_text()).get("recipes", [])]
-        except (json.JSONDecodeError, KeyError, TypeError):
-            order = []
-    found: dict[str, list[tuple[int, Path]]] = {}
-    for d in sorted(p for p in comparison_dir.iterdir() if p.is_dir()):
-        runs = sorted((int(m.group(1)), s) for s in d.iterdir() if s.is_dir() and (m := _SEED_DIR.match(s.name))
-                      and is_run_dir(s))
-        if runs:
-            found[d.name] = runs
-    names = [n for n in order if n in found] + [n for n in found if n not in order]
-    return {n: found[n] for n in names}
-
-
-def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    from adarl.metrics.sinks import MetricsWriter
-
-    return [r for r in MetricsWriter.read(run_dir) if isinstance(r.get("step"), int)]
-
-
-def held_out_size(run_dir: Path) -> int | None:
-    """Held-out problems per eval, from the run's config.yaml: eval.size, else task.eval_size."""
-    try:
-        config = yaml.safe_load((Path(run_dir) / "config.yaml").read_text())
-    except (OSError, yaml.YAMLError):
-        return None
-    if not isinstance(config, dict):
-        return None
-    size = (config.get("eval") or {}).get("size") or (config.get("task") or {}).get("eval_size")
-    return size if isinstance(size, int) and size > 0 else None
-
-
 @dataclass
 class RunSummary:
     dir: Path
@@ -159,11 +112,10 @@ class RunSummary:
 def summarize_run(run_dir: Path, seed: int | None = None) -> RunSummary:
     from adarl.metrics.health import check
 
-    run_dir = Path(run_dir)
-    rows = read_metrics(run_dir)
-    finished = (run_dir / "final").is_dir()
+    run = load_run(Path(run_dir), seed, prompts=False)
+    rows, finished, run_dir = run.rows, run.finished, run.dir
     status = "finished" if finished else ("incomplete" if rows else "not started")
-    s = RunSummary(run_dir, seed, status, n_eval=held_out_size(run_dir))
+    s = RunSummary(run_dir, seed, status, n_eval=run.held_out_size)
     if not rows:
         return s
     last = rows[-1]

@@ -92,7 +92,7 @@ def run(t: Trainer, resume: bool = False, callbacks: Sequence[Any] = ()) -> dict
         t.rollouts.close()  # async mode: stop the generation thread
         t.generator.close()  # vllm: shut the engine down
     try:
-        from adarl.metrics.report import write_report
+        from adarl.report import write_report
 
         writer.log_artifact(write_report(t.run_dir))  # to the trackers too (never raises)
     except Exception as err:  # a report problem must never fail a finished run

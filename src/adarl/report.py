@@ -31,45 +31,21 @@ import math
 import os
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
-from adarl.metrics.sinks import read_jsonl
+from adarl.runs import Run, Series, find_runs, is_run_dir, load_run, read_rollouts
 
 REPORT_FILE = "report.html"
-PROMPTS_FILES = ("prompts.jsonl", "prompts.parquet")
 MAX_HEATMAP_PROMPTS = 200
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
           "#bcbd22", "#17becf")
 
 
 # ---------------------------------------------------------------- loading
-
-Series = tuple[np.ndarray, np.ndarray, np.ndarray]  # steps, generated tokens, values
-
-
-@dataclass
-class Run:
-    dir: Path
-    seed: int | None
-    config: dict[str, Any]
-    rows: list[dict[str, Any]]
-    prompts: list[dict[str, Any]] | None = None
-    evals: list[dict[str, Any]] = field(default_factory=list)
-
-    def series(self, key: str) -> Series:
-        """(steps, tokens, value) of the rows that have `key` (steps without a value are left out)."""
-        pts = [(r["step"], r.get("tokens") or 0, r[key]) for r in self.rows
-               if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)]
-        if not pts:
-            return np.zeros(0), np.zeros(0), np.zeros(0)
-        a = np.asarray(pts, dtype=np.float64)
-        return a[:, 0], a[:, 1], a[:, 2]
-
 
 @dataclass
 class Group:
@@ -80,48 +56,8 @@ class Group:
     color: str = COLORS[0]
 
 
-def _read_prompts(run_dir: Path) -> list[dict[str, Any]] | None:
-    for name in PROMPTS_FILES:
-        path = run_dir / name
-        if not path.is_file():
-            continue
-        if name.endswith(".parquet"):
-            import pyarrow.parquet as pq
-
-            return pq.read_table(path).to_pylist()
-        return read_jsonl(path)
-    return None
-
-
-def load_run(run_dir: Path, seed: int | None = None) -> Run:
-    from adarl.metrics.sinks import MetricsWriter
-
-    run_dir = Path(run_dir)
-    config: dict[str, Any] = {}
-    if (run_dir / "config.yaml").is_file():
-        try:
-            loaded = yaml.safe_load((run_dir / "config.yaml").read_text())
-            config = loaded if isinstance(loaded, dict) else {}
-        except yaml.YAMLError:
-            config = {}
-    rows = [r for r in MetricsWriter.read(run_dir) if isinstance(r.get("step"), int)]
-    evals = []
-    for path in sorted(run_dir.glob("eval*.json")):
-        try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError:
-            continue
-        if isinstance(data, dict) and isinstance(data.get("tasks"), dict):
-            evals.append({**data, "_file": path.name})
-    if seed is None and isinstance(config.get("seed"), int):
-        seed = config["seed"]
-    return Run(run_dir, seed, config, rows, _read_prompts(run_dir), evals)
-
-
 def load_groups(path: Path) -> tuple[list[Group], bool]:
     """The recipes of a run directory (one group, one run) or a comparison directory; True for a comparison."""
-    from adarl.compare import find_runs, is_run_dir
-
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"{path} is not a directory")
@@ -511,8 +447,7 @@ def rollouts_section(groups: list[Group]) -> str:
     parts = []
     for g in groups:
         run = g.runs[0]
-        path = run.dir / ROLLOUTS_FILE
-        rows = [r for r in read_jsonl(path) if isinstance(r.get("step"), int)] if path.is_file() else []
+        rows = read_rollouts(run.dir)
         if not rows:
             continue
         step = max(r["step"] for r in rows)
@@ -522,7 +457,8 @@ def rollouts_section(groups: list[Group]) -> str:
         body = "".join(f"<tr>{_rollout_cell(b)}{_rollout_cell(w) if w else '<td></td>'}</tr>"
                        for b, w in zip(best, worst + [None] * (len(best) - len(worst)), strict=True))
         parts.append(f"<p class=note>{html.escape(g.name)} · step {step} · {len(latest)} rollouts "
-                     f"({html.escape(str(path))})</p><table><tr><th>best</th><th>worst</th></tr>{body}</table>")
+                     f"({html.escape(str(run.dir / ROLLOUTS_FILE))})</p>"
+                     f"<table><tr><th>best</th><th>worst</th></tr>{body}</table>")
     if not parts:
         return "<p class=note>No rollouts.jsonl in the runs: set log.rollouts_every to write them.</p>"
     return "".join(parts)
