@@ -171,3 +171,21 @@ def test_a_loss_named_by_import_path_trains(data, tmp_path, monkeypatch):
     assert row["step"] == 2 and "clip_fraction" in row
     with pytest.raises(RecipeError, match="'loss.eps_high'"):
         api.load_recipe(data, {"loss": {"name": "plugin_loss:Cispo", "eps_high": -1}})
+
+
+def test_a_task_named_by_import_path(data, tmp_path):
+    from adarl.tasks.base import build_task
+
+    task = {"source": "plugin_tasks:say_a", "params": {"n": 30}, "eval_size": 6, "size": 100}
+    recipe = api.load_recipe({**data, "task": task})
+    t1, t2 = build_task(recipe.task), build_task(recipe.task.model_copy(update={"data_seed": 1}))
+    assert len(t1.train) == 24 and len(t1.eval) == 6 and not {p.id for p in t1.train} & {p.id for p in t1.eval}
+    assert {p.id for p in t1.eval} != {p.id for p in t2.eval}  # the data seed decides the held-out problems
+    row = api.train({**data, "task": task}, tmp_path / "run", overrides={"budget.max_steps": 1})
+    assert row["step"] == 1
+    with pytest.raises(RecipeError, match="unknown task source"):
+        api.load_recipe({**data, "task": {"source": "nope"}})
+    with pytest.raises(ValueError, match="cannot be loaded"):
+        build_task(api.load_recipe({**data, "task": {**task, "source": "plugin_tasks:missing"}}).task)
+    with pytest.raises(ValueError, match="must return a list of adarl.types.Problem"):
+        build_task(api.load_recipe({**data, "task": {**task, "source": "plugin_tasks:not_problems"}}).task)

@@ -69,8 +69,12 @@ class ModelConfig(Section):
     threads: int | None = Field(None, gt=0, le=1024)  # torch.set_num_threads; None = torch's default
 
 
+TASK_SOURCES = ("reasoning_gym", "jsonl", "humaneval", "hf_datasets")
+
+
 class TaskConfig(Section):
-    source: Literal["reasoning_gym", "jsonl", "humaneval", "hf_datasets"] = "reasoning_gym"
+    # a built-in source, or "package.module:function" returning a list of Problems (or a TaskSource)
+    source: str = "reasoning_gym"
     # reasoning_gym
     name: str | None = None  # generator name, e.g. basic_arithmetic
     params: dict[str, Any] = {}
@@ -119,6 +123,9 @@ class TaskConfig(Section):
 
     @model_validator(mode="after")
     def _check(self) -> TaskConfig:
+        if self.source not in TASK_SOURCES and ":" not in self.source:
+            raise ValueError(f"unknown task source {reprlib.repr(self.source)}: use one of {', '.join(TASK_SOURCES)}, "
+                             "or an import path 'package.module:function' returning a list of Problems")
         if self.source == "reasoning_gym" and not self.name:
             raise ValueError("task.name is required for source 'reasoning_gym' (e.g. basic_arithmetic)")
         if self.source == "jsonl":
