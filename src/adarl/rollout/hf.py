@@ -48,6 +48,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from adarl.config import RolloutConfig
+from adarl.rollout.capabilities import CAPABILITIES
 from adarl.tokens.entropy import EntropyStats
 from adarl.types import FinishReason, Request, Rollout
 
@@ -153,6 +154,8 @@ class _Step:
 
 
 class HfGenerator:
+    capabilities = CAPABILITIES["hf"]  # rollout/capabilities.py: what recipes may ask of this backend
+
     def __init__(
         self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, cfg: RolloutConfig, seed: int = 0
     ) -> None:

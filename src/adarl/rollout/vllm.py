@@ -43,6 +43,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from adarl.config import RolloutConfig
 from adarl.rollout import VLLM_MISSING
+from adarl.rollout.capabilities import CAPABILITIES
 from adarl.rollout.hf import Progress, SampleStream, StopWhen, row_keys, splitmix64
 from adarl.types import Request, Rollout
 
@@ -81,6 +82,8 @@ def _row_seed(key: int, position: int) -> int:
 
 
 class VllmGenerator:
+    capabilities = CAPABILITIES["vllm"]  # rollout/capabilities.py: what recipes may ask of this backend
+
     def __init__(
         self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, cfg: RolloutConfig, seed: int = 0,
     ) -> None:

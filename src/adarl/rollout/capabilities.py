@@ -1,0 +1,25 @@
+"""What each generation backend can do, declared once; recipes are checked against it when they load.
+
+    entropies             records each sampled token's entropy (HAPO, D^3S, high-entropy tokens, branching)
+    adaptive_temperature  samples each token at its own temperature (HAPO's sampler)
+    replica               copies itself for a generation thread (async mode)
+
+The generator classes carry their set (`HfGenerator.capabilities`, `VllmGenerator.capabilities`).
+"""
+
+from __future__ import annotations
+
+CAPABILITIES: dict[str, frozenset[str]] = {
+    "hf": frozenset({"entropies", "adaptive_temperature", "replica"}),
+    "vllm": frozenset(),
+}
+WHY = {"entropies": "it records no per-token entropies",
+       "adaptive_temperature": "it samples at one temperature per request, not one per token",
+       "replica": "it cannot copy itself for a generation thread"}
+
+
+def unsupported(backend: str, needs: dict[str, str]) -> list[str]:
+    """One message per recipe key in `needs` (key -> capability) that `backend` cannot serve."""
+    have = CAPABILITIES.get(backend, frozenset())
+    return [f"{where} needs backend: hf ({WHY[cap]} on rollout.backend {backend})"
+            for where, cap in needs.items() if cap not in have]
