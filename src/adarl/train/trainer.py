@@ -75,7 +75,7 @@ class Trainer:
         self.store = DifficultyStore([p.id for p in self.task.train], *self.selector.store_decay())
         self.problems_by_id = {p.id: p for p in self.task.train}
         self.np_rng = np.random.default_rng(recipe.seed)
-        # HAPO's ĥ statistics: fitted by the learner on each batch, read by the loss and the sampler
+        # normalised entropy statistics: fitted by the learner on each batch, read by the loss and the sampler
         self.entropy: EntropyObserver | None = None
         if loss.needs_entropy or recipe.rollout.adaptive_temperature is not None:
             self.entropy = EntropyObserver((recipe.rollout.adaptive_temperature or AdaptiveTemperature()).pivot)
@@ -169,7 +169,7 @@ class Trainer:
         merge(groups, fresh)
 
     def _spares(self, k: int, needed: list[Request]) -> list[Request]:
-        """APRIL over-provisioning: `k` more prompts, each with the count the allocator would give it,
+        """Over-provisioning: `k` more prompts, each with the count the allocator would give it,
         within the budget left once `needed` is reserved (`plan_spares`)."""
         chosen = [self.task.train[i] for i in self.selector.select(self.store, k, self.np_rng)]
         counts = plan_spares(self.allocator, chosen, needed, self.store, self.budget)
