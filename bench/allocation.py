@@ -89,7 +89,7 @@ def report_task(task: str, methods: list[str], curves: dict[str, list], budget: 
 def paired_task(task: str, curves: dict[str, list], seeds_of: dict[str, list[int]], budget: int) -> list[dict]:
     """Per-seed differences to uniform (same seed: same held-out problems) at `budget` tokens and in
     normalised AUC, with t intervals over seeds; a method is better only when its interval excludes 0."""
-    from adarl.compare import at_tokens, normalised_auc
+    from adarl.comparison import at_tokens, normalised_auc
     from adarl.stats import paired
 
     baseline = "uniform" if "uniform" in curves else next(iter(curves))

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 import adarl.compare as cmp
+import adarl.comparison as comparison
 import adarl.runs as runs
 from adarl.config import dump_recipe, load_recipe
 from adarl.stats import mean_ci, t_quantile
@@ -131,7 +132,7 @@ def test_aggregate_synthetic_comparison(tmp_path):
     # Changed with issue 22: pass@1 is read at the budget (400 tokens), the target is each seed's start + 0.1
     # (not the baseline's final mean), tokens to target interpolate between evals, and B gets paired
     # differences to A.
-    result = cmp.aggregate_dir(write_comparison(tmp_path / "cmp"))
+    result = comparison.aggregate_dir(write_comparison(tmp_path / "cmp"))
     a, b = result["recipes"]
     assert [a["name"], b["name"]] == ["A", "B"] and result["baseline"] == "A"
     assert result["equal_tokens_at"] == 400 and result["budget_tokens"] == 400
@@ -169,7 +170,7 @@ def test_aggregate_synthetic_comparison(tmp_path):
     assert (vs["wins"], vs["losses"], vs["ties"], vs["verdict"]) == (2, 0, 0, "no winner")
     assert a["vs_baseline"] is None
 
-    given = cmp.aggregate_dir(tmp_path / "cmp", target=0.65)
+    given = comparison.aggregate_dir(tmp_path / "cmp", target=0.65)
     assert given["target"]["pass@1"] == 0.65 and given["target"]["gain"] is None
     # A seed2 crosses 0.65 between (200, 0.5) and (400, 0.7) at 350; seeds 0, 1 never get there.
     # B seed0 reaches 0.65 at its eval at 300; seed1 crosses at 300 + 0.1/0.25*300 = 420 > 400: not reached
@@ -177,17 +178,17 @@ def test_aggregate_synthetic_comparison(tmp_path):
     assert given["recipes"][0]["tokens_to_target"]["not_reached_seeds"] == [0, 1]
     assert given["recipes"][1]["tokens_to_target"]["per_seed"] == [pytest.approx(300), None]
 
-    header, rows = cmp.summary_rows(result)
+    header, rows = comparison.summary_rows(result)
     assert rows[0][:5] == ["A", "3/3", "0.600 [0.352, 0.848]", "0.450 [0.286, 0.614]", "72.2 [8.98, 135]"]
     assert rows[1][:3] == ["B", "2/3", "0.650 [0.438, 0.862]"] and rows[1][9] == "ok"
     assert header[2] == "pass@1 at 400 [95% CI]" and header[4] == "tokens to start + 0.1"
-    header, rows = cmp.paired_rows(result)
+    header, rows = comparison.paired_rows(result)
     assert rows == [["B", "2", "+0.100 [-0.747, +0.947] 2/0/0", "no winner (interval spans 0)",
                      "+0.056 [-1.082, +1.195] 1/1/0", "no winner (interval spans 0)"]]
-    header, rows = cmp.seed_rows(result)
+    header, rows = comparison.seed_rows(result)
     assert rows[0][3] == "0.500 [0.366, 0.634]" and rows[0][4] == "50"  # Wilson on the 50 held-out problems
 
-    other = cmp.aggregate_dir(tmp_path / "cmp", baseline="B")
+    other = comparison.aggregate_dir(tmp_path / "cmp", baseline="B")
     assert other["baseline"] == "B" and other["recipes"][1]["vs_baseline"] is None
     assert other["recipes"][0]["vs_baseline"]["pass@1_at_budget"]["mean"] == pytest.approx(-0.1)
 
@@ -195,22 +196,22 @@ def test_aggregate_synthetic_comparison(tmp_path):
 def test_a_seed_at_or_above_a_given_target_reaches_it_at_its_start(tmp_path):
     # target 0.25: B's seeds start at 0.3, so they reach it at their first eval (0 tokens, "at start");
     # A's start at 0.2 and cross at 0.05/0.2*200 = 50, 0.05/0.4*200 = 25, 0.05/0.3*200 = 33.3
-    result = cmp.aggregate_dir(write_comparison(tmp_path / "cmp"), target=0.25)
+    result = comparison.aggregate_dir(write_comparison(tmp_path / "cmp"), target=0.25)
     a, b = result["recipes"]
     assert b["tokens_to_target"]["per_seed"] == [0.0, 0.0] and b["tokens_to_target"]["reached"] == 2
     assert a["tokens_to_target"]["per_seed"] == pytest.approx([50, 25, 33.333], abs=1e-3)
-    rows = cmp.seed_rows(result)[1]
+    rows = comparison.seed_rows(result)[1]
     assert rows[3][7] == "0 (at start)" and rows[0][7] == "50"
 
 
 def test_unreached_seeds_are_counted_not_averaged(tmp_path):
     # target 0.75: no A seed gets there by 400 tokens (best 0.7); B seed1 only at 600 tokens, past the budget
-    result = cmp.aggregate_dir(write_comparison(tmp_path / "cmp"), target=0.75)
+    result = comparison.aggregate_dir(write_comparison(tmp_path / "cmp"), target=0.75)
     a, b = result["recipes"]
     assert a["tokens_to_target"]["per_seed"] == [None, None, None] and a["tokens_to_target"]["mean"] is None
-    assert cmp.fmt_to_target(a["tokens_to_target"]) == "not reached (0/3 seeds)"
+    assert comparison.fmt_to_target(a["tokens_to_target"]) == "not reached (0/3 seeds)"
     assert b["tokens_to_target"]["not_reached_seeds"] == [0, 1]
-    assert all(row[7] == "not reached" for row in cmp.seed_rows(result)[1] if row[2] == "finished")
+    assert all(row[7] == "not reached" for row in comparison.seed_rows(result)[1] if row[2] == "finished")
 
 
 def test_find_runs_keeps_the_comparison_order(tmp_path):
@@ -256,11 +257,11 @@ def test_plan_refuses_recipes_on_different_held_out_sets(tmp_path):
 
 def test_baseline_by_name_or_path(tmp_path):
     names, paths = ["a", "b"], [str(tmp_path / "a.yaml"), str(tmp_path / "x" / "b.yaml")]
-    assert cmp.pick_baseline(names, None, paths) == "a"
-    assert cmp.pick_baseline(names, "b", paths) == "b"
-    assert cmp.pick_baseline(names, str(tmp_path / "x" / "b.yaml"), paths) == "b"
+    assert comparison.pick_baseline(names, None, paths) == "a"
+    assert comparison.pick_baseline(names, "b", paths) == "b"
+    assert comparison.pick_baseline(names, str(tmp_path / "x" / "b.yaml"), paths) == "b"
     with pytest.raises(ValueError, match=r"--baseline c: not one of the recipes \(a, b\)"):
-        cmp.pick_baseline(names, "c", paths)
+        comparison.pick_baseline(names, "c", paths)
 
 
 def test_plan_gives_same_named_recipes_distinct_dirs(tmp_path):

@@ -82,17 +82,17 @@ def test_entropy_collapse():
 
 
 def test_flags_reach_the_comparison_and_the_report(tmp_path):
-    import adarl.compare as cmp
+    import adarl.comparison as comparison
     from adarl.report import render
 
     run = write_run(tmp_path / "cmp" / "A" / "seed0", {0: 0.5, 2: 0.2, 4: 0.1}, steps=4, tokens_per_step=100)
     write_run(tmp_path / "cmp" / "A" / "seed1", {0: 0.5, 2: 0.6, 4: 0.7}, steps=4, tokens_per_step=100, seed=1)
-    result = cmp.aggregate_dir(tmp_path / "cmp")
+    result = comparison.aggregate_dir(tmp_path / "cmp")
     a = result["recipes"][0]
     assert a["flagged_runs"] == 1 and a["runs"][1]["flags"] == []
     assert a["runs"][0]["flags"] == ["eval/pass@1: held-out pass@1 0.100 at the end, below its start 0.500 "
                                      "(from step 2)"]
-    assert cmp.summary_rows(result)[1][0][-1] == "1 run(s) flagged"
+    assert comparison.summary_rows(result)[1][0][-1] == "1 run(s) flagged"
     text = render(tmp_path / "cmp")
     assert '<tr class="flagged">' in text and "below its start 0.500 (from step 2)" in text
     single = render(run)

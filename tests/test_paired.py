@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-import adarl.compare as cmp
+import adarl.comparison as comparison
 from adarl.config import TaskConfig, load_recipe
 from adarl.stats import mean_ci, paired, t_quantile, wilson
 from adarl.tasks import build_task
@@ -53,7 +53,7 @@ def test_one_t_quantile_for_compare_and_xrpo():
     from adarl.allocate import xrpo
 
     assert xrpo.t_quantile is t_quantile
-    assert not hasattr(cmp, "t975")
+    assert not hasattr(comparison, "t975")
     # exact forms: t(0.975, 1) = tan(0.475π) = 12.7062; t(0.975, 2) = 0.95 / sqrt(2 · 0.975 · 0.025) = 4.3027
     assert t_quantile(0.975, 1) == pytest.approx(12.7062, abs=1e-4)
     assert t_quantile(0.975, 2) == pytest.approx(4.3027, abs=1e-4)
@@ -94,31 +94,31 @@ CURVE = [(100, 0.2), (200, 0.4), (300, 0.3)]  # first eval at 100 tokens, last a
 
 
 def test_value_at_the_budget():
-    assert cmp.at_tokens(CURVE, 150) == pytest.approx(0.3)  # halfway from 0.2 to 0.4
-    assert cmp.at_tokens(CURVE, 250) == pytest.approx(0.35)
-    assert cmp.at_tokens(CURVE, 50) == pytest.approx(0.2)  # held at the first eval before it
-    assert cmp.at_tokens(CURVE, 400) == pytest.approx(0.3)  # held at the last eval after it
-    assert cmp.at_tokens([], 100) is None
+    assert comparison.at_tokens(CURVE, 150) == pytest.approx(0.3)  # halfway from 0.2 to 0.4
+    assert comparison.at_tokens(CURVE, 250) == pytest.approx(0.35)
+    assert comparison.at_tokens(CURVE, 50) == pytest.approx(0.2)  # held at the first eval before it
+    assert comparison.at_tokens(CURVE, 400) == pytest.approx(0.3)  # held at the last eval after it
+    assert comparison.at_tokens([], 100) is None
 
 
 def test_normalised_auc_of_hand_curves():
     # budget 400: [0, 100] at 0.2 (held) = 20; [100, 200] (0.2+0.4)/2·100 = 30; [200, 300] 35;
     # [300, 400] at 0.3 (held) = 30 -> 115 / 400 = 0.2875
-    assert cmp.normalised_auc(CURVE, 400) == pytest.approx(0.2875)
+    assert comparison.normalised_auc(CURVE, 400) == pytest.approx(0.2875)
     # budget 250 cuts the curve at 0.35: 20 + 30 + (0.4+0.35)/2·50 = 68.75 -> 0.275
-    assert cmp.normalised_auc(CURVE, 250) == pytest.approx(0.275)
-    assert cmp.normalised_auc([(0, 0.5), (100, 0.5)], 100) == pytest.approx(0.5)  # flat: its value
-    assert cmp.normalised_auc([(0, 0.0), (100, 1.0)], 100) == pytest.approx(0.5)  # a ramp: half
-    assert cmp.normalised_auc([], 100) is None
+    assert comparison.normalised_auc(CURVE, 250) == pytest.approx(0.275)
+    assert comparison.normalised_auc([(0, 0.5), (100, 0.5)], 100) == pytest.approx(0.5)  # flat: its value
+    assert comparison.normalised_auc([(0, 0.0), (100, 1.0)], 100) == pytest.approx(0.5)  # a ramp: half
+    assert comparison.normalised_auc([], 100) is None
 
 
 def test_tokens_to_target_per_seed():
     # start 0.2 + gain 0.1 = 0.3: crossed between (100, 0.2) and (200, 0.4) at 100 + 0.1/0.2·100 = 150
-    assert cmp.tokens_to(CURVE, 0.3) == pytest.approx(150)
-    assert cmp.tokens_to(CURVE, 0.4) == pytest.approx(200)  # exactly at an eval
-    assert cmp.tokens_to(CURVE, 0.45) is None  # never reached
-    assert cmp.tokens_to(CURVE, 0.3, budget=120) is None  # reached, but after the budget
-    assert cmp.tokens_to(CURVE, 0.1) == 100  # starts above the target: reached at its first eval
+    assert comparison.tokens_to(CURVE, 0.3) == pytest.approx(150)
+    assert comparison.tokens_to(CURVE, 0.4) == pytest.approx(200)  # exactly at an eval
+    assert comparison.tokens_to(CURVE, 0.45) is None  # never reached
+    assert comparison.tokens_to(CURVE, 0.3, budget=120) is None  # reached, but after the budget
+    assert comparison.tokens_to(CURVE, 0.1) == 100  # starts above the target: reached at its first eval
 
 
 # ---------------------------------------------------------------- one held-out set per comparison

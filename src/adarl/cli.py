@@ -246,6 +246,7 @@ def compare(
     from rich.console import Console
 
     import adarl.compare as cmp
+    import adarl.comparison as comparison
     from adarl.config import RecipeError
 
     if ray_address is not None:
@@ -256,7 +257,7 @@ def compare(
     try:
         jobs = cmp.plan(recipes, range(seeds), budget_tokens, Path("."), set_ or [])
         names = list(dict.fromkeys(j.name for j in jobs))
-        cmp.pick_baseline(names, baseline, [str(next(j.recipe for j in jobs if j.name == n)) for n in names])
+        comparison.pick_baseline(names, baseline, [str(next(j.recipe for j in jobs if j.name == n)) for n in names])
         for r in recipes:  # fail fast on a callable reward that does not import
             from adarl.config import load_recipe
             from adarl.rewards import validate_callable

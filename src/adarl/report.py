@@ -15,7 +15,7 @@ What it reads from each run directory:
   spread and the response length distribution over training.
 
 A comparison directory is ``<dir>/<recipe>/seed<k>/``: each recipe is drawn as the mean over its
-seeds with a min–max band, on a common token grid. Its summary holds the tables of `adarl.compare`
+seeds with a min–max band, on a common token grid. Its summary holds the tables of `adarl.comparison`
 (per recipe, paired differences to the baseline, per run with Wilson intervals), with the budget,
 baseline and target rule its ``comparison.json`` names. Every run's health flags
 (`adarl.metrics.health`) are shown: in the single-run summary, or in the comparison's runs table.
@@ -381,8 +381,8 @@ def _fmt(value: Any, digits: int = 3) -> str:
 
 
 def comparison_result(path: Path, groups: list[Group]) -> dict[str, Any]:
-    """`adarl.compare.aggregate` of the groups, with the settings the comparison.json in `path` holds."""
-    from adarl.compare import aggregate, saved_settings, summarize_run
+    """`adarl.comparison.aggregate` of the groups, with the settings the comparison.json in `path` holds."""
+    from adarl.comparison import aggregate, saved_settings, summarize_run
 
     saved = saved_settings(path)
     names = [g.name for g in groups]
@@ -393,7 +393,7 @@ def comparison_result(path: Path, groups: list[Group]) -> dict[str, Any]:
 
 def runs_table(path: Path, groups: list[Group]) -> str:
     """Per run: pass@1 at the budget with its Wilson interval, AUC, tokens to target, health, directory."""
-    from adarl.compare import seed_rows
+    from adarl.comparison import seed_rows
 
     result = comparison_result(path, groups)
     header, rows = seed_rows(result)
@@ -404,7 +404,7 @@ def runs_table(path: Path, groups: list[Group]) -> str:
 
 def run_summary(run: Run) -> str:
     """Key facts of a single run, its health flags among them."""
-    from adarl.compare import fmt_tokens, summarize_run
+    from adarl.comparison import fmt_tokens, summarize_run
     from adarl.metrics.progress import format_duration
     from adarl.stats import wilson
 
@@ -465,7 +465,7 @@ def rollouts_section(groups: list[Group]) -> str:
 
 
 def summary_table(path: Path, groups: list[Group], comparison: bool) -> str:
-    from adarl.compare import NOTES, paired_rows, summary_rows
+    from adarl.comparison import NOTES, paired_rows, summary_rows
 
     if not comparison:
         return run_summary(groups[0].runs[0])
