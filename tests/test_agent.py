@@ -296,3 +296,16 @@ def test_adarl_eval_runs_the_agent_loop(tiny_model_dir, tmp_path, monkeypatch):
     task = EvalTask("t", recipe.task, list(recipe.rewards), recipe.task.data_seed)
     summary, results = evaluate_task(generator, tok, task, ks=[1], n=2, size=3)
     assert summary["problems"] == 3 and generator.metrics()["agent/tool_calls"] == 3 * 2  # every sampled row called
+
+
+def test_reset_gets_the_row_even_when_columns_repeat_its_keys():
+    seen = {}
+
+    class Recorder(Calculator):
+        def reset(self, **row):
+            seen.update(row)
+
+    gen = Scripted({0: ["done"]})
+    problems = {"p": Problem("p", "What?", answer="7", columns={"answer": "stale", "level": 2})}
+    (r,) = AgentGenerator(gen, Recorder, problems).generate([Request("p", [1], 1)], keys=[0])
+    assert r.finish_reason == "stop" and seen == {"prompt": "What?", "answer": "7", "level": 2}

@@ -101,3 +101,18 @@ def test_branching_needs_hf_and_sync(tiny_model_dir, tmp_path):
     for bad in ({"backend": "vllm"}, {"scheduler": {"mode": "partial"}}, {"agent": {}}):
         with pytest.raises(RecipeError, match="rollout.branching needs"):
             load_recipe(data=recipe_data(tiny_model_dir, write_task(tmp_path), rollout={"branching": {}, **bad}))
+
+
+def test_evaluation_samples_independently():
+    from adarl.evaluate import score_problems
+    from adarl.types import Problem
+
+    class Rewards:
+        def score(self, groups):
+            for g in groups:
+                g.correct = __import__("numpy").zeros(g.size)
+
+    inner = Scripted()
+    results = score_problems(BranchingGenerator(inner, roots=1, top_n=2, children=2), Rewards(),
+                             [Problem("p", "q")], {"p": [1]}, n=5, progress=False)
+    assert results[0].n == 5 and all(not r.prefix_ids for call in inner.calls for r in call)  # no forks

@@ -257,6 +257,8 @@ def score_problems(generator, rewards, problems: list, prompt_ids: dict[str, lis
     from adarl.metrics.progress import RowsBar
     from adarl.types import Group, Request
 
+    generator = getattr(generator, "unbranched", generator)  # evaluation samples independently
+
     def generate(k: int, greedy: bool, what: str) -> list[Group]:
         with RowsBar(f"{label} {what}".strip(), len(problems) * k, enabled=progress) as bar:
             out = generator.generate([Request(p.id, prompt_ids[p.id], k) for p in problems], greedy=greedy,

@@ -270,7 +270,7 @@ class AgentGenerator:
         """A solved trajectory for SFT: the environment's `demonstration` calls (run for real, so the
         tool turns are what the loop would insert), then the answer; None when it has none."""
         env = self.env_factory()
-        row = {"prompt": problem.prompt, "answer": problem.answer, **problem.columns}
+        row = {**problem.columns, "prompt": problem.prompt, "answer": problem.answer}
         env.reset(**row)
         calls = getattr(env, "demonstration", lambda **_: None)(**row)
         if not calls or problem.answer is None:
@@ -321,7 +321,7 @@ class AgentGenerator:
     def _start(self, t: _Trajectory, problem: Problem) -> None:
         try:
             t.env = self.env_factory()
-            t.env.reset(prompt=problem.prompt, answer=problem.answer, **problem.columns)
+            t.env.reset(**{**problem.columns, "prompt": problem.prompt, "answer": problem.answer})
         except Exception:  # the environment failed, not the model
             t.finish = "censored"
 

@@ -79,6 +79,11 @@ class BranchingGenerator:
     def metrics(self) -> dict[str, float]:
         return dict(self._metrics)
 
+    @property
+    def unbranched(self) -> Any:
+        """The wrapped generator: evaluation samples independently (pass@k of a tree is biased)."""
+        return self.generator
+
     def generate(self, requests: list[Request], greedy: bool = False, max_new_tokens: int | None = None,
                  stop_when: Any = None, keys: Sequence[int] | None = None,
                  max_tokens: int | None = None) -> list[Rollout]:
