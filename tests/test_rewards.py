@@ -410,3 +410,23 @@ def test_in_process_scorer_failures_are_counted(monkeypatch: pytest.MonkeyPatch)
         metrics = rewards.score([group])
     assert metrics["reward_errors"] == 2
     np.testing.assert_array_equal(group.rewards, [[0.0], [0.0]])
+
+
+def test_built_in_rewards_have_the_user_signature():
+    """The built-ins are TRL-signature functions: named by import path as a user's would be, they score
+    as their `type` does (by hand: '42' and 'the answer is 42.0' match 42 numerically, '41' does not;
+    only the second has an <answer> block)."""
+    texts = ["42", "the answer is <answer>42.0</answer>", "41"]
+    assert short_answer.reward(["q"] * 3, texts, answer=["42"] * 3) == [1.0, 1.0, 0.0]
+    assert format_reward.reward(["q"] * 3, texts) == [0.0, 1.0, 0.0]
+    by_type = Rewards([RewardConfig(type="short_answer"), RewardConfig(type="format")], workers=1)
+    by_path = Rewards([RewardConfig(type="callable", function="adarl.rewards.short_answer:reward", name="sa"),
+                       RewardConfig(type="callable", function="adarl.rewards.format:reward", name="fmt")], workers=1)
+    try:
+        a, b = make_group(texts), make_group(texts)
+        by_type.score([a])
+        by_path.score([b])
+    finally:
+        by_type.close()
+        by_path.close()
+    assert a.rewards.tolist() == b.rewards.tolist() == [[1.0, 0.0], [1.0, 1.0], [0.0, 0.0]]

@@ -33,7 +33,12 @@ if TYPE_CHECKING:
     from adarl.config import RewardConfig
     from adarl.types import Group
 
-__all__ = ["Rewards", "WorkerPool", "reward_name", "validate_callable"]
+__all__ = ["BUILTIN", "Rewards", "WorkerPool", "reward_name", "validate_callable"]
+
+# the built-in rewards by `type`, each with TRL's signature f(prompts, completions, **columns) -> list[float],
+# the signature of user functions (`type: callable`); every reward is called through `callable.call_fn`
+BUILTIN = {"short_answer": short_answer.reward, "format": format_reward.reward, "math": math_reward.reward,
+           "code": code_reward.reward}
 
 log = logging.getLogger(__name__)
 
@@ -131,25 +136,30 @@ class Rewards:
     def _in_process(self, config: RewardConfig) -> bool:
         return config.type == "short_answer" or (config.type == "format" and config.pattern is None)
 
-    def _local(self, config: RewardConfig, text: str, answer: Any) -> float:
+    def _options(self, config: RewardConfig) -> dict[str, Any]:
+        """A built-in reward's recipe settings, passed to its TRL-signature function."""
         if config.type == "short_answer":
-            answer = None if answer is None else str(answer)
-            return short_answer.score(text, answer, config.extract, config.match)
-        return format_reward.score(text, config.pattern)
-
-    def _job(self, config: RewardConfig, group: Group, text: str) -> Job:
-        problem = group.problem
+            return {"extract": config.extract, "match": config.match}
+        if config.type == "format":
+            return {"pattern": config.pattern}
         if config.type == "math":
-            answer = None if problem.answer is None else str(problem.answer)
-            return math_reward.score, (text, answer, self.math_timeout_s)
-        if config.type == "callable":
-            columns = dict(problem.columns)
-            return user_fn.call, (config.function, problem.prompt, text, problem.answer, columns)
+            return {"timeout_s": self.math_timeout_s}
         if config.type == "code":
             # the sandbox's own limit stays inside the pool's, so a slow program is a 0, not a kill
-            timeout = min(config.sandbox_timeout_s, max(0.5, self.pool.timeout_s - 1.0))
-            return code_reward.score, (text, dict(problem.columns), timeout, config.sandbox_memory_mb)
-        return format_reward.score, (text, config.pattern)
+            return {"timeout_s": min(config.sandbox_timeout_s, max(0.5, self.pool.timeout_s - 1.0)),
+                    "memory_mb": config.sandbox_memory_mb}
+        return {}
+
+    def _local(self, config: RewardConfig, group: Group, text: str) -> float:
+        p = group.problem
+        return user_fn.call_fn(BUILTIN[config.type], p.prompt, text, p.answer, p.columns, self._options(config))
+
+    def _job(self, config: RewardConfig, group: Group, text: str) -> Job:
+        p = group.problem
+        if config.type == "callable":
+            return user_fn.call, (config.function, p.prompt, text, p.answer, dict(p.columns))
+        return user_fn.call_fn, (BUILTIN[config.type], p.prompt, text, p.answer, dict(p.columns),
+                                 self._options(config))
 
     def _warn(self, name: str, status: str, message: str) -> None:
         self._warned[name] += 1
@@ -185,7 +195,7 @@ class Rewards:
                     where.append((i, j))
                     continue
                 try:
-                    raw[i, j] = self._local(config, text, group.problem.answer)
+                    raw[i, j] = self._local(config, group, text)
                 except Exception as exc:  # noqa: BLE001 - a scorer bug scores 0, never stops training
                     failures["error"] += 1
                     self._warn(self.names[j], "error", repr(exc))

@@ -116,9 +116,16 @@ def to_score(out: Any) -> float:
     return value
 
 
-def call(spec: str, prompt: Any, completion: str, answer: Any, columns: dict[str, Any]) -> float:
-    """Score one completion with the function named by `spec` (run inside a worker)."""
-    fn = _get(spec)
+def call_fn(fn: RewardFn, prompt: Any, completion: str, answer: Any, columns: dict[str, Any],
+            options: dict[str, Any] | None = None) -> float:
+    """Score one completion with a TRL-signature function: ``fn(prompts=[prompt], completions=[completion],
+    answer=[answer], **{column: [value]}, **options)``. Built-in rewards are called this way too, with
+    their recipe settings as `options` (which win over a column of the same name)."""
     kwargs = {k: [v] for k, v in columns.items() if k not in _RESERVED}
     kwargs["answer"] = [answer]
-    return to_score(fn(prompts=[prompt], completions=[completion], **kwargs))
+    return to_score(fn(prompts=[prompt], completions=[completion], **{**kwargs, **(options or {})}))
+
+
+def call(spec: str, prompt: Any, completion: str, answer: Any, columns: dict[str, Any]) -> float:
+    """Score one completion with the function named by `spec` (run inside a worker)."""
+    return call_fn(_get(spec), prompt, completion, answer, columns)

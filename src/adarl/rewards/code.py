@@ -288,3 +288,10 @@ def score(completion: str, columns: dict[str, Any], timeout_s: float = 5.0, memo
     if result.status == "sandbox_error":
         raise RuntimeError(f"code sandbox failed: {result.reason}")
     return 1.0 if passed else 0.0
+
+
+def reward(prompts: list, completions: list[str], timeout_s: float = 5.0, memory_mb: int = 512,
+           **columns: list) -> list[float]:
+    """TRL's reward signature (as user functions have): 1.0 per completion whose program passes the
+    problem's `test` column (with its `entry_point`), run in the sandbox."""
+    return [score(c, {k: v[i] for k, v in columns.items()}, timeout_s, memory_mb) for i, c in enumerate(completions)]

@@ -25,3 +25,8 @@ def score(completion: str, pattern: str | None = None) -> float:
         start = completion.find("<answer>")
         return 1.0 if start >= 0 and completion.find("</answer>", start + len("<answer>")) >= 0 else 0.0
     return 1.0 if compile_pattern(pattern).search(completion) else 0.0
+
+
+def reward(prompts: list, completions: list[str], pattern: str | None = None, **columns: list) -> list[float]:
+    """TRL's reward signature (as user functions have): 1.0 per completion that matches `pattern`."""
+    return [score(c, pattern) for c in completions]

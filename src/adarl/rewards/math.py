@@ -60,3 +60,10 @@ def score(completion: str, answer: str | None, timeout_s: int = 3) -> float:
     if not pred:
         return 0.0
     return 1.0 if verify(gold, pred, timeout_seconds=t) else 0.0
+
+
+def reward(prompts: list, completions: list[str], answer: list | None = None, timeout_s: int = 3,
+           **columns: list) -> list[float]:
+    """TRL's reward signature (as user functions have): math-verify equivalence per completion."""
+    answers = answer if answer is not None else [None] * len(completions)
+    return [score(c, None if a is None else str(a), timeout_s) for c, a in zip(completions, answers, strict=True)]

@@ -181,3 +181,10 @@ def score(completion: str, answer: str | None, extract_mode: ExtractMode = "last
     if answer is None:
         return 0.0
     return 1.0 if match(extract(completion, extract_mode), answer, match_mode) else 0.0
+
+
+def reward(prompts: list, completions: list[str], answer: list | None = None, extract: ExtractMode = "last_number",
+           match: MatchMode = "numeric", **columns: list) -> list[float]:
+    """TRL's reward signature (as user functions have): 1.0 per completion whose extracted answer matches."""
+    answers = answer if answer is not None else [None] * len(completions)
+    return [score(c, None if a is None else str(a), extract, match) for c, a in zip(completions, answers, strict=True)]
