@@ -10,14 +10,8 @@ import time
 import pytest
 import torch
 
-from adarl.rollout.agent import (
-    AgentGenerator,
-    Calculator,
-    EnvironmentFailure,
-    parse_tool_call,
-    safe_arithmetic,
-    tool_schemas,
-)
+from adarl.rollout.agent import AgentGenerator, EnvironmentFailure, parse_tool_call, tool_schemas
+from adarl.rollout.tools import Calculator, safe_arithmetic
 from adarl.types import Problem, Request, Rollout
 from conftest import make_tiny_tokenizer
 
@@ -309,3 +303,60 @@ def test_reset_gets_the_row_even_when_columns_repeat_its_keys():
     problems = {"p": Problem("p", "What?", answer="7", columns={"answer": "stale", "level": 2})}
     (r,) = AgentGenerator(gen, Recorder, problems).generate([Request("p", [1], 1)], keys=[0])
     assert r.finish_reason == "stop" and seen == {"prompt": "What?", "answer": "7", "level": 2}
+
+
+class Guess:
+    """A gym-style environment: the model guesses a number; the environment answers "higher"/"lower"."""
+
+    def reset(self, **row):
+        self.target, self.steps = 7, 0
+
+    def step(self, text):
+        self.steps += 1
+        guess = int(text.strip().rstrip(".").split()[-1])
+        if guess == self.target:
+            return "", 1.0, True, {}
+        return ("higher" if guess < self.target else "lower"), -0.25, False, {}
+
+
+def test_a_gym_style_environment_answers_every_turn():
+    ag, gen, prompt = agent({0: ["I guess 3", "I guess 9", "I guess 7", "never"]}, env=Guess, max_turns=5)
+    (r,) = run(ag, prompt)
+    # by hand: 3 → "higher" (−0.25), 9 → "lower" (−0.25), 7 → done (+1): 0.5 in all, three model turns
+    assert r.finish_reason == "env_done" and r.env_reward == pytest.approx(0.5) and len(gen.calls) == 3
+    observations = [gen.tokenizer.decode(s.ids) for s in r.spans if s.role == "tool"]
+    assert observations == ["higher", "lower"]
+    # rendered as user turns by the template, token in, token out
+    chat = [{"role": "user", "content": "What is 12 * 34?"}, {"role": "assistant", "content": "I guess 3"},
+            {"role": "user", "content": "higher"}, {"role": "assistant", "content": "I guess 9"},
+            {"role": "user", "content": "lower"}, {"role": "assistant", "content": "I guess 7"}]
+    assert prompt + r.completion_ids == list(gen.tokenizer.apply_chat_template(chat, tokenize=True,
+                                                                               return_dict=False))[:-1]
+    assert "</tool_call>" not in ag.generator.cfg.stop
+
+
+def test_get_reward_and_the_environment_reward_type():
+    from adarl.config import RewardConfig
+    from adarl.rewards import Rewards
+    from adarl.types import Group
+
+    class Scored(Calculator):
+        def get_reward(self) -> float:
+            return 0.75
+
+    class Broken(Calculator):
+        def get_reward(self) -> float:
+            raise RuntimeError("lost its state")
+
+    ag, _, prompt = agent({0: ["done"]}, env=Scored)
+    (r,) = run(ag, prompt)
+    assert r.env_reward == 0.75 and r.finish_reason == "stop"
+    ag2, _, prompt2 = agent({0: ["done"]}, env=Broken)
+    assert run(ag2, prompt2)[0].finish_reason == "censored"
+    rewards = Rewards([RewardConfig(type="environment")], workers=1)
+    try:
+        g = Group(Problem("p", "q"), [1], [r, Rollout("p", [5], [-1.0], "stop")])
+        rewards.score([g])
+    finally:
+        rewards.close()
+    assert g.rewards[:, 0].tolist() == [0.75, 0.0] and g.correct.tolist() == [1.0, 0.0]

@@ -147,7 +147,7 @@ class TaskConfig(Section):
 
 
 class RewardConfig(Section):
-    type: Literal["short_answer", "math", "format", "callable", "code"]
+    type: Literal["short_answer", "math", "format", "callable", "code", "environment"]  # environment: an agent's
     name: str | None = None  # metric name; defaults to the type (or the function name)
     weight: float = 1.0
     correctness: bool | None = None  # counts as "correct" for pass rates; default: all but format

@@ -86,11 +86,13 @@ class Rollout:
     finish_reason: FinishReason
     text: str = ""
     policy_version: int = 0  # the version of its first sampled token
+    env_reward: float | None = None  # an agent environment's own reward (its steps' sum, or get_reward())
 
     def __init__(self, prompt_id: PromptId, completion_ids: list[int] | None = None,
                  logprobs: list[float] | None = None, finish_reason: FinishReason = "stop", text: str = "",
                  policy_version: int = 0, entropies: list[float] | None = None,
-                 token_versions: list[int] | None = None, *, spans: list[Span] | None = None) -> None:
+                 token_versions: list[int] | None = None, *, spans: list[Span] | None = None,
+                 env_reward: float | None = None) -> None:
         if spans is None:
             ids = list(completion_ids or [])
             lp = list(logprobs) if logprobs is not None else [0.0] * len(ids)
@@ -101,7 +103,7 @@ class Rollout:
         elif completion_ids is not None or logprobs is not None:
             raise ValueError("give a rollout either spans or completion_ids/logprobs, not both")
         self.prompt_id, self.spans, self.finish_reason = prompt_id, spans, finish_reason
-        self.text, self.policy_version = text, policy_version
+        self.text, self.policy_version, self.env_reward = text, policy_version, env_reward
 
     def _per_token(self, field_name: str) -> list | None:
         out: list = []
@@ -160,7 +162,7 @@ class Rollout:
             if seen is not None:
                 seen[id(span)] = len(seen)
         return {"prompt_id": self.prompt_id, "spans": spans, "finish_reason": self.finish_reason,
-                "text": self.text, "policy_version": self.policy_version}
+                "text": self.text, "policy_version": self.policy_version, "env_reward": self.env_reward}
 
     @classmethod
     def from_state(cls, state: dict[str, Any], table: list[Span] | None = None) -> Rollout:

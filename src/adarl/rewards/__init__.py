@@ -134,7 +134,7 @@ class Rewards:
     # ------------------------------------------------------------------ scoring
 
     def _in_process(self, config: RewardConfig) -> bool:
-        return config.type == "short_answer" or (config.type == "format" and config.pattern is None)
+        return config.type in ("short_answer", "environment") or (config.type == "format" and config.pattern is None)
 
     def _options(self, config: RewardConfig) -> dict[str, Any]:
         """A built-in reward's recipe settings, passed to its TRL-signature function."""
@@ -195,6 +195,9 @@ class Rewards:
                     where.append((i, j))
                     continue
                 try:
+                    if config.type == "environment":  # what the agent's environment gave the trajectory
+                        raw[i, j] = float(rollout.env_reward or 0.0)
+                        continue
                     raw[i, j] = self._local(config, group, text)
                 except Exception as exc:  # noqa: BLE001 - a scorer bug scores 0, never stops training
                     failures["error"] += 1

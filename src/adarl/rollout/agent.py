@@ -14,8 +14,12 @@ re-tokenised; the tool turn is rendered by the chat template and appended as `te
 verifies at start-up that the template extends earlier turns verbatim, else it says so.
 
 Environments (TRL's duck type, no TRL import): a class with `reset(**row)`, and every other
-public method a tool, described to the model by its type hints and docstring (`tool_schemas`).
-One instance per rollout, reset with the problem's row (prompt, answer and its columns).
+public method a tool, described to the model by its type hints and docstring (`tool_schemas`);
+an optional `get_reward()` becomes the rollout's `env_reward`. A class with `step(text) ->
+(observation, reward, done, info)` is gym-style instead: it answers every model turn (rendered as a
+user turn), its rewards add up in `env_reward`, and `done` ends the trajectory ("env_done"). One
+instance per rollout, reset with the problem's row (prompt, answer and its columns). Built-in
+environments are in tools.py (`calculator`).
 
 Failures are of two kinds. The model's own mistakes (a malformed call, an unknown tool, bad
 arguments, a tool raising an error) become a tool message the model reads, and are counted. The
@@ -31,10 +35,8 @@ most `tool_timeout_s`). Partial and async generation are not supported across tu
 
 from __future__ import annotations
 
-import ast
 import inspect
 import json
-import operator
 import re
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -142,77 +144,6 @@ def tools_prompt(env: Any) -> str:
             "and wait for its result. Tools:\n" + "\n".join(lines))
 
 
-_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-        ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow,
-        ast.USub: operator.neg, ast.UAdd: operator.pos}
-
-
-def safe_arithmetic(expression: str) -> int | float:
-    """The value of an arithmetic expression of numbers, + - * / // % ** and parentheses (no eval)."""
-    if len(expression) > 200:
-        raise ValueError("expression longer than 200 characters")
-
-    def value(node: ast.AST) -> int | float:
-        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-            return node.value
-        if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
-            left, right = value(node.left), value(node.right)
-            if isinstance(node.op, ast.Pow) and (abs(right) > 64 or abs(left) > 10**6):
-                raise ValueError("exponent too large")
-            return _OPS[type(node.op)](left, right)
-        if isinstance(node, ast.UnaryOp) and type(node.op) in _OPS:
-            return _OPS[type(node.op)](value(node.operand))
-        raise ValueError(f"not arithmetic: {ast.dump(node)[:40]}")
-
-    return value(ast.parse(expression, mode="eval").body)
-
-
-_EXPRESSION = re.compile(r"\d+(?:\s*[-+*/]\s*\d+)+")
-
-
-class Calculator:
-    """A built-in environment with one tool: exact arithmetic."""
-
-    def reset(self, **row: Any) -> None:
-        return None
-
-    def demonstration(self, prompt: Any = "", **row: Any) -> list[ToolCall] | None:
-        """How a solver would use the tools on this problem (for SFT cold start): calculate the
-        last arithmetic expression of the prompt; None if it has none."""
-        text = prompt if isinstance(prompt, str) else " ".join(m["content"] for m in prompt)
-        found = _EXPRESSION.findall(text)
-        return [ToolCall("calculate", {"expression": found[-1]})] if found else None
-
-    def calculate(self, expression: str) -> str:
-        """Evaluate an arithmetic expression, e.g. "123 * 456"."""
-        try:
-            result = safe_arithmetic(expression)
-        except ZeroDivisionError:
-            return "error: division by zero"
-        except (ValueError, SyntaxError, TypeError, OverflowError) as err:
-            return f"error: {err}"
-        return str(int(result)) if float(result).is_integer() else repr(result)
-
-
-ENVIRONMENTS: dict[str, type] = {"calculator": Calculator}
-
-
-def environment_class(name: str) -> type:
-    """A built-in environment by name, or a class by import path ("package.module:Class")."""
-    import importlib
-
-    if name in ENVIRONMENTS:
-        return ENVIRONMENTS[name]
-    module, _, attr = name.partition(":")
-    if not attr:
-        raise ValueError(f"rollout.agent.environment {name!r}: not a built-in ({', '.join(ENVIRONMENTS)}) "
-                         "nor an import path like 'package.module:Class'")
-    cls = getattr(importlib.import_module(module), attr)
-    if not callable(getattr(cls, "reset", None)):
-        raise ValueError(f"rollout.agent.environment {name!r} has no reset(**row) method")
-    return cls
-
-
 # ---------------------------------------------------------------- the loop
 
 @dataclass
@@ -226,6 +157,7 @@ class _Trajectory:
     calls: int = 0
     errors: dict[str, int] = field(default_factory=dict)
     last_text: str = ""
+    env_reward: float | None = None
 
     @property
     def ids(self) -> list[int]:
@@ -247,15 +179,19 @@ class AgentGenerator:
         self.max_tool_output_tokens, self.max_context_tokens = max_tool_output_tokens, max_context_tokens
         self.tools_prompt = tools_prompt
         self.pool = ThreadPoolExecutor(max_workers=tool_workers, thread_name_prefix="adarl-tools")
-        if stop not in generator.cfg.stop:
+        # a gym-style environment answers every model turn (`step`) instead of offering tools
+        self.gym = callable(getattr(env_factory, "step", None))
+        if not self.gym and stop not in generator.cfg.stop:
             generator.add_stop(stop)
-        self.before_tool, self.after_tool = self.check(generator.tokenizer)
+        self.before_tool, self.after_tool = self.check(generator.tokenizer, "user" if self.gym else "tool")
         self._metrics: dict[str, float] = {}
 
     @classmethod
     def from_config(cls, generator: Any, cfg: Any, problems: Mapping[str, Problem],
                     max_new_tokens: int) -> AgentGenerator:
         """From a recipe's `rollout.agent` section (`adarl.config.AgentConfig`)."""
+        from adarl.rollout.tools import environment_class
+
         return cls(generator, environment_class(cfg.environment), problems, parser=cfg.parser,
                    max_turns=cfg.max_turns, max_tool_calls=cfg.max_tool_calls, tool_timeout_s=cfg.tool_timeout_s,
                    max_tool_output_tokens=cfg.max_tool_output_tokens,
@@ -288,15 +224,16 @@ class AgentGenerator:
         return getattr(self.generator, name)
 
     @staticmethod
-    def check(tokenizer: Any) -> tuple[str, str]:
-        """The template text around a tool result: (after the assistant's text, after the result).
+    def check(tokenizer: Any, role: str = "tool") -> tuple[str, str]:
+        """The template text around a `role` turn after the assistant's: (after the assistant's text,
+        after the turn's content).
 
         Renders a conversation with and without a tool turn and checks that the longer rendering
         extends the shorter verbatim (token in, token out needs it); ValueError otherwise."""
         base = [{"role": "user", "content": "U"}, {"role": "assistant", "content": "A"}]
         render = lambda msgs, gen: tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen)  # noqa: E731
         short = render(base, False)
-        long = render(base + [{"role": "tool", "content": "R"}], True)
+        long = render(base + [{"role": role, "content": "R"}], True)
         if not short.startswith(render(base[:1], True)) or not long.startswith(short) or "A" not in short:
             raise ValueError("the tokenizer's chat template does not extend earlier turns verbatim, so tool turns "
                              "cannot be appended to sampled tokens; use a ChatML-style template")
@@ -373,10 +310,16 @@ class AgentGenerator:
                 t.errors[status] = t.errors.get(status, 0) + 1
                 failed = True
             texts.append(result)
+        if t.finish is not None:  # the environment ended the trajectory: nothing more to read
+            return
         ids = self._encode("\n".join(texts))
         if len(ids) > self.max_tool_output_tokens:
             ids = ids[: self.max_tool_output_tokens] + self._encode(TRUNCATED)
-        t.spans += [Span("template", self._encode(self.before_tool)),
+        tok, before = self.generator.tokenizer, self.before_tool
+        eos = tok.eos_token
+        if eos and before.startswith(eos) and t.spans and t.spans[-1].ids[-1:] == [tok.eos_token_id]:
+            before = before[len(eos):]  # the model ended its turn itself: the template's end is already there
+        t.spans += [Span("template", self._encode(before)),
                     Span("tool", ids, name=",".join(n for n, _ in results), status="error" if failed else "ok"),
                     Span("template", self._encode(self.after_tool))]
 
@@ -415,6 +358,9 @@ class AgentGenerator:
                 if out.finish_reason != "stop":  # length (context) or partial (the budget)
                     t.finish = out.finish_reason
                     continue
+                if self.gym:
+                    pending.append((t, [("environment", self.pool.submit(self._step, t, t.last_text))]))
+                    continue
                 results = self._tool_turn(t, t.last_text)
                 if not results:
                     t.finish = "stop"
@@ -424,13 +370,36 @@ class AgentGenerator:
                     pending.append((t, results))
             for t, results in pending:
                 self._append_results(t, results)
+                if self.gym and t.finish is None and t.turns >= self.max_turns:
+                    t.finish = "max_turns"
                 if t.finish is None and len(t.ids) >= context:
                     t.finish = "length"
         for t in rows:
             t.finish = t.finish or "partial"
+            get_reward = getattr(t.env, "get_reward", None)
+            if t.finish != "censored" and callable(get_reward):  # TRL's optional environment reward
+                try:
+                    t.env_reward = float(get_reward())
+                except Exception:  # the environment failed, not the model
+                    t.finish = "censored"
         self._measure(rows)
         return [Rollout(requests[t.request].prompt_id, finish_reason=t.finish, spans=t.spans, text=t.last_text,
-                        policy_version=version) for t in rows]
+                        policy_version=version, env_reward=t.env_reward) for t in rows]
+
+    def _step(self, t: _Trajectory, text: str) -> tuple[str, str]:
+        """A gym-style environment's answer to the model's turn: (observation text, "ok"); `done`
+        ends the trajectory ("env_done"); rewards add up in `env_reward`. Any exception of the
+        environment censors the rollout (the model's text cannot be wrong here, only scored)."""
+        try:
+            observation, reward, done, _info = t.env.step(text)
+        except Exception as err:
+            raise EnvironmentFailure(repr(err)) from err
+        t.env_reward = (t.env_reward or 0.0) + float(reward)
+        if done:
+            t.finish = "env_done"
+        if isinstance(observation, list):  # messages
+            observation = "\n".join(str(m.get("content", "")) for m in observation)
+        return str(observation or ""), "ok"
 
     def _measure(self, rows: list[_Trajectory]) -> None:
         m: dict[str, float] = {
