@@ -116,3 +116,18 @@ def test_evaluation_samples_independently():
     results = score_problems(BranchingGenerator(inner, roots=1, top_n=2, children=2), Rewards(),
                              [Problem("p", "q")], {"p": [1]}, n=5, progress=False)
     assert results[0].n == 5 and all(not r.prefix_ids for call in inner.calls for r in call)  # no forks
+
+
+def test_short_chains_still_give_n_leaves():
+    class Short(Scripted):
+        def generate(self, requests, greedy=False, max_new_tokens=None, stop_when=None, keys=None, max_tokens=None):
+            self.calls.append(requests)
+            return [Rollout(r.prompt_id, [10, 11], [-1.0] * 2, "stop", entropies=[1.0, 0.5]) if not r.prefix_ids
+                    else Rollout(r.prompt_id, [50], [-1.0], "stop", entropies=[0.2])
+                    for r in requests for _ in range(r.n)]
+
+    gen = BranchingGenerator(Short(), roots=1, top_n=2, children=2)
+    # n = 8: 8 // 5 = 1 root of 2 tokens; one fork point (position 1) gives 2 children; 5 fresh samples
+    leaves = gen.generate([Request("a", [1], 8), Request("b", [2], 3)])
+    assert [r.prompt_id for r in leaves] == ["a"] * 8 + ["b"] * 3  # each request's n leaves, consecutive
+    assert [(r.prefix_ids, r.n) for r in gen.generator.calls[1]] == [([10], 2), ([10], 2), (None, 5)]

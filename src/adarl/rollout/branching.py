@@ -7,7 +7,8 @@ On-Policy Tree Search"): sample M chains of a prompt; fork each chain at its N s
 highest entropy into T children that share the prefix up to that token and are sampled on from
 there; every chain and every child is a leaf of the group. A request for n rollouts gets exactly
 n leaves: M = max(1, n // (1 + N·T)) roots, then forks from the highest-entropy points of all
-roots first until the group has n (the last fork may get fewer children). One round (L = 1).
+roots first until the group has n (the last fork may get fewer children); when the roots have too
+few fork points (short answers), the rest are sampled from the prompt. One round (L = 1).
 
 The record (adarl/types.py): a fork splits its chain's span at the fork point, and the prefix span
 is the same object in the chain and in its children, so it is stored once, counted once against
@@ -97,6 +98,7 @@ class BranchingGenerator:
         spent = sum(len(r) for r in roots)
         trees: list[list[Rollout]] = []
         forks: list[tuple[int, Rollout, int, int]] = []  # (request, parent, position, children)
+        fresh: list[int] = []  # per request: leaves no fork point can give, sampled from the prompt instead
         offset = 0
         for i, (req, m) in enumerate(zip(requests, n_roots, strict=True)):
             chains = roots[offset:offset + m]
@@ -111,19 +113,26 @@ class BranchingGenerator:
                 k = min(self.children, want)
                 forks.append((i, r, p, k))
                 want -= k
+            fresh.append(want)
+        prefixes = [(i, r, split_at(r, p), k) for i, r, p, k in forks]
+        second = [Request(requests[i].prompt_id, requests[i].prompt_ids, k, [t for s in shared for t in s.ids])
+                  for i, _, shared, k in prefixes]
+        second += [replace(requests[i], n=k) for i, k in enumerate(fresh) if k > 0]
         left = None if max_tokens is None else max_tokens - spent
-        if forks and (left is None or left > 0):
-            prefixes = [(i, r, split_at(r, p), k) for i, r, p, k in forks]
-            fork_requests = [Request(requests[i].prompt_id, requests[i].prompt_ids, k,
-                                     [t for s in shared for t in s.ids]) for i, _, shared, k in prefixes]
-            new = iter(self.generator.generate(fork_requests, max_new_tokens=max_new_tokens, max_tokens=left))
-            for i, parent, shared, k in prefixes:
-                for _ in range(k):
-                    child = next(new)
-                    for span in child.spans:
-                        span.versions = span.versions or [child.policy_version] * len(span)
-                    trees[i].append(Rollout(parent.prompt_id, finish_reason=child.finish_reason,
-                                            spans=[*shared, *child.spans], policy_version=child.policy_version))
+        if left is None or left > 0:
+            new = iter(self.generator.generate(second, max_new_tokens=max_new_tokens, max_tokens=left))
+        else:  # the budget is spent: the leaves not sampled come back empty and "partial" (never scored)
+            new = iter([Rollout(r.prompt_id, finish_reason="partial", spans=[]) for r in second for _ in range(r.n)])
+        for i, parent, shared, k in prefixes:
+            for _ in range(k):
+                child = next(new)
+                for span in child.spans:
+                    span.versions = span.versions or [child.policy_version] * len(span)
+                trees[i].append(Rollout(parent.prompt_id, finish_reason=child.finish_reason,
+                                        spans=[*shared, *child.spans], policy_version=child.policy_version))
+        for i, k in enumerate(fresh):
+            trees[i] += [next(new) for _ in range(k)]
+        assert all(len(t) == r.n for t, r in zip(trees, requests, strict=True))  # the generator's contract
         out = [leaf for tree in trees for leaf in tree]
         texts = self.generator.tokenizer.batch_decode([r.completion_ids for r in out], skip_special_tokens=True)
         for r, text in zip(out, texts, strict=True):
