@@ -215,6 +215,11 @@ def test_agent_trajectories_train_end_to_end(tiny_model_dir, tmp_path, monkeypat
     logged = [json.loads(x) for x in (tmp_path / "run" / "rollouts.jsonl").read_text().splitlines()]
     assert len(logged) == 6 and [t["role"] for t in logged[0]["trajectory"]][:2] == ["model", "tool"]
     assert logged[0]["trajectory"][1] == {"role": "tool", "text": "42", "tool": "calculate", "status": "ok"}
+    from adarl.report import Group, rollouts_section
+    from adarl.runs import load_run
+
+    page = rollouts_section([Group("agent", [load_run(tmp_path / "run")])])  # the report marks the tool turns
+    assert "<pre class=tool>[calculate · ok] 42</pre>" in page
 
 
 def test_an_agent_recipe_needs_sync_generation(tiny_model_dir, tmp_path):

@@ -438,8 +438,16 @@ def _rollout_cell(r: dict[str, Any]) -> str:
     adv = r.get("advantage")
     facts = (f"reward {_fmt(r.get('reward'))} · advantage {'—' if adv is None else _fmt(adv)} · "
              f"{_fmt(r.get('length'))} tokens · {r.get('finish_reason', '?')}")
+    turns = r.get("trajectory")
+    if isinstance(turns, list) and turns:  # an agent's trajectory: model turns, and tool turns marked
+        body = "".join(
+            f"<pre class=tool>[{html.escape(str(t.get('tool') or 'tool'))} · {html.escape(str(t.get('status')))}] "
+            f"{html.escape(clip(t.get('text')))}</pre>" if t.get("role") == "tool" else
+            f"<pre>{html.escape(clip(t.get('text')))}</pre>" for t in turns if isinstance(t, dict))
+    else:
+        body = f"<pre>{html.escape(clip(r.get('completion')))}</pre>"
     return (f"<td><p class=note>{html.escape(facts)}</p><p class=note>{html.escape(clip(r.get('prompt')))}</p>"
-            f"<pre>{html.escape(clip(r.get('completion')))}</pre></td>")
+            f"{body}</td>")
 
 
 def rollouts_section(groups: list[Group]) -> str:
@@ -499,6 +507,7 @@ th { background: #f4f4f4; } tr.diff td { background: #fff4c2; } tr.flagged td { 
 summary { cursor: pointer; font-size: 13px; margin: 8px 0; color: #444; }
 td { font-variant-numeric: tabular-nums; max-width: 420px; overflow-wrap: anywhere; }
 pre { white-space: pre-wrap; font-size: 12px; margin: 4px; }
+pre.tool { background: #eef4ff; border-left: 3px solid #4a7bd0; }
 """
 
 
