@@ -62,6 +62,7 @@ def test_a_tree_of_n_leaves_shares_its_prefixes():
     assert children[0].spans[0] is root.spans[0] and children[2].spans[1] is root.spans[1]
     # paid once: the root's 5 tokens and 2 new ones per child
     assert sampled_tokens(leaves) == 5 + 4 * 2 and gen.metrics()["branch/sampled_tokens"] == 13
+    assert gen.metrics()["branch/distinct_leaves_per_prompt"] == 3  # the root and the two forks' texts
     assert gen.metrics()["branch/shared_token_fraction"] == pytest.approx(1 - 13 / (5 + 2 * 4 + 2 * 6))
     # trained once: the prefix tokens are trainable in the root only
     assert [m.tolist() for m in trainable_masks(leaves)] == [[1] * 5, [0, 0, 1, 1], [0, 0, 1, 1],

@@ -149,4 +149,7 @@ class BranchingGenerator:
             "branch/leaves_per_prompt": float(np.mean([len(t) for t in trees])) if trees else 0.0,
             "branch/shared_token_fraction": 1.0 - stored / per_leaf if per_leaf else 0.0,
             "branch/sampled_tokens": float(stored),
+            # distinct completions per prompt: what forking at uncertain tokens is meant to raise
+            "branch/distinct_leaves_per_prompt": float(np.mean([len({r.text.strip() for r in t}) for t in trees]))
+            if trees else 0.0,
         }
