@@ -170,3 +170,12 @@ def test_a_token_budgeted_run_gives_token_weightings_its_progress(tiny_model_dir
         spent.append(trainer.budget.total_tokens)
     # each update sees the tokens generated so far, this step's included, over the 200 allowed
     assert seen == pytest.approx([min(1.0, s / 200) for s in spent]) and 0.0 < seen[0] < seen[1]
+
+
+def test_xrpo_novelty_reads_sampled_log_probs_only():
+    from adarl.advantage.xrpo import mean_logprob
+
+    g = Group(Problem("p", "q"), [1], [tool_rollout(), Rollout("p", [5], [-0.2], "stop")])
+    s, defined = mean_logprob(Batch([g]))
+    # by hand: (−0.5 − 0.25 − 1.0) / 3 over the three sampled tokens, not / 6 with the tool's zeros
+    assert s.tolist() == pytest.approx([-1.75 / 3, -0.2]) and defined.tolist() == [True, True]

@@ -5,7 +5,7 @@ Correct-but-unlikely rollouts get a bonus on top of a group-relative base advant
     s(o_i) = (1/|o_i|) Σ_t ℓ(i,t)                  mean token log-likelihood
     η_i    = exp( s(o_i) − mean_{j∈group} s(o_j) )  relative likelihood within the group
     A_i⁺   = A_i + min( max( λ_nov·(1 − η_i), 0 ), κ·A_i )   if A_i > 0,   else A_i⁺ = A_i
-ℓ is the behaviour log-prob the generator recorded (`Rollout.logprobs`), standing in for §2.2's
+ℓ is the behaviour log-prob the generator recorded (`Rollout.sampled_logprobs`), standing in for §2.2's
 ℓ_old (they agree for on-policy rollouts). A rollout with no tokens has no likelihood: it gets
 η = 1 (no bonus) and is left out of its group's mean s. A group of size 1 has η = 1.
 """
@@ -26,9 +26,9 @@ from adarl.types import Batch
 
 def mean_logprob(batch: Batch) -> tuple[np.ndarray, np.ndarray]:
     """s(o_i) per rollout (0 where undefined) and whether it is defined (the rollout has log-probs)."""
-    rollouts = batch.rollouts
-    s = np.array([float(np.mean(r.logprobs)) if len(r.logprobs) else 0.0 for r in rollouts], dtype=np.float64)
-    defined = np.array([len(r.logprobs) > 0 for r in rollouts], dtype=bool)
+    sampled = [r.sampled_logprobs for r in batch.rollouts]  # the policy's own tokens (no tool output)
+    s = np.array([float(np.mean(lp)) if lp else 0.0 for lp in sampled], dtype=np.float64)
+    defined = np.array([len(lp) > 0 for lp in sampled], dtype=bool)
     return s, defined
 
 
