@@ -75,6 +75,14 @@ TASK_SOURCES = ("reasoning_gym", "jsonl", "humaneval", "hf_datasets")
 class TaskConfig(Section):
     # a built-in source, or "package.module:function" returning a list of Problems (or a TaskSource)
     source: str = "reasoning_gym"
+
+    @field_validator("source")
+    @classmethod
+    def _known_source(cls, source: str) -> str:
+        if source not in TASK_SOURCES and ":" not in source:
+            raise ValueError(f"unknown task source {reprlib.repr(source)}: use one of {', '.join(TASK_SOURCES)}, "
+                             "or an import path 'package.module:function' returning a list of Problems")
+        return source
     # reasoning_gym
     name: str | None = None  # generator name, e.g. basic_arithmetic
     params: dict[str, Any] = {}
@@ -123,9 +131,6 @@ class TaskConfig(Section):
 
     @model_validator(mode="after")
     def _check(self) -> TaskConfig:
-        if self.source not in TASK_SOURCES and ":" not in self.source:
-            raise ValueError(f"unknown task source {reprlib.repr(self.source)}: use one of {', '.join(TASK_SOURCES)}, "
-                             "or an import path 'package.module:function' returning a list of Problems")
         if self.source == "reasoning_gym" and not self.name:
             raise ValueError("task.name is required for source 'reasoning_gym' (e.g. basic_arithmetic)")
         if self.source == "jsonl":
