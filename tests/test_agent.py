@@ -365,3 +365,20 @@ def test_get_reward_and_the_environment_reward_type():
     finally:
         rewards.close()
     assert g.rewards[:, 0].tolist() == [0.75, 0.0] and g.correct.tolist() == [1.0, 0.0]
+
+
+def test_a_failing_or_slow_gym_environment_censors_for_good():
+    class Crashes(Guess):
+        def step(self, text):
+            raise RuntimeError("the simulator died")
+
+    class Slow(Guess):
+        def step(self, text):
+            time.sleep(0.5)
+            return "", 1.0, True, {}  # too late: it must not un-censor the rollout
+
+    for env in (Crashes, Slow):
+        ag, _, prompt = agent({0: ["I guess 7", "x"]}, env=env, tool_timeout_s=0.1)
+        (r,) = run(ag, prompt)
+        time.sleep(0.6 if env is Slow else 0)
+        assert r.finish_reason == "censored" and r.env_reward is None

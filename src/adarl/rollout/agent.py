@@ -310,9 +310,11 @@ class AgentGenerator:
                 t.errors[status] = t.errors.get(status, 0) + 1
                 failed = True
             texts.append(result)
-        if t.finish is not None:  # the environment ended the trajectory: nothing more to read
-            return
-        ids = self._encode("\n".join(texts))
+        self._insert_turn(t, "\n".join(texts), ",".join(n for n, _ in results), failed)
+
+    def _insert_turn(self, t: _Trajectory, text: str, name: str, failed: bool) -> None:
+        """Append a tool's (or a gym environment's) answer as template, tool and template spans."""
+        ids = self._encode(text)
         if len(ids) > self.max_tool_output_tokens:
             ids = ids[: self.max_tool_output_tokens] + self._encode(TRUNCATED)
         tok, before = self.generator.tokenizer, self.before_tool
@@ -320,7 +322,7 @@ class AgentGenerator:
         if eos and before.startswith(eos) and t.spans and t.spans[-1].ids[-1:] == [tok.eos_token_id]:
             before = before[len(eos):]  # the model ended its turn itself: the template's end is already there
         t.spans += [Span("template", self._encode(before)),
-                    Span("tool", ids, name=",".join(n for n, _ in results), status="error" if failed else "ok"),
+                    Span("tool", ids, name=name, status="error" if failed else "ok"),
                     Span("template", self._encode(self.after_tool))]
 
     def generate(self, requests: list[Request], greedy: bool = False, max_new_tokens: int | None = None,
@@ -359,7 +361,7 @@ class AgentGenerator:
                     t.finish = out.finish_reason
                     continue
                 if self.gym:
-                    pending.append((t, [("environment", self.pool.submit(self._step, t, t.last_text))]))
+                    pending.append((t, [("environment", self.pool.submit(t.env.step, t.last_text))]))
                     continue
                 results = self._tool_turn(t, t.last_text)
                 if not results:
@@ -369,7 +371,10 @@ class AgentGenerator:
                 else:
                     pending.append((t, results))
             for t, results in pending:
-                self._append_results(t, results)
+                if self.gym:
+                    self._gym_turn(t, results[0][1])
+                else:
+                    self._append_results(t, results)
                 if self.gym and t.finish is None and t.turns >= self.max_turns:
                     t.finish = "max_turns"
                 if t.finish is None and len(t.ids) >= context:
@@ -386,20 +391,24 @@ class AgentGenerator:
         return [Rollout(requests[t.request].prompt_id, finish_reason=t.finish, spans=t.spans, text=t.last_text,
                         policy_version=version, env_reward=t.env_reward) for t in rows]
 
-    def _step(self, t: _Trajectory, text: str) -> tuple[str, str]:
-        """A gym-style environment's answer to the model's turn: (observation text, "ok"); `done`
-        ends the trajectory ("env_done"); rewards add up in `env_reward`. Any exception of the
-        environment censors the rollout (the model's text cannot be wrong here, only scored)."""
+    def _gym_turn(self, t: _Trajectory, step: Any) -> None:
+        """A gym-style environment's answer to the model's turn (`step` is the future of `env.step(text)`):
+        its reward adds to `env_reward`, `done` ends the trajectory ("env_done"), else its observation is
+        inserted. Any exception or a step past `tool_timeout_s` censors the rollout (the environment failed:
+        the model's text cannot be wrong here, only scored). Applied here, in the calling thread."""
         try:
-            observation, reward, done, _info = t.env.step(text)
-        except Exception as err:
-            raise EnvironmentFailure(repr(err)) from err
-        t.env_reward = (t.env_reward or 0.0) + float(reward)
+            observation, reward, done, _info = step.result(timeout=self.tool_timeout_s)
+            reward = float(reward)
+        except Exception:
+            t.finish = "censored"
+            return
+        t.env_reward = (t.env_reward or 0.0) + reward
         if done:
             t.finish = "env_done"
+            return
         if isinstance(observation, list):  # messages
             observation = "\n".join(str(m.get("content", "")) for m in observation)
-        return str(observation or ""), "ok"
+        self._insert_turn(t, str(observation or ""), "environment", False)
 
     def _measure(self, rows: list[_Trajectory]) -> None:
         m: dict[str, float] = {
