@@ -142,6 +142,12 @@ class Rollout:
             return None
         return [v for s in self.spans if s.sampled for v in (s.versions or [])]
 
+    def stamp_versions(self) -> None:
+        """Record the rollout's `policy_version` on its sampled spans that carry no versions."""
+        for span in self.spans:
+            if span.sampled and span.versions is None:
+                span.versions = [self.policy_version] * len(span)
+
     @property
     def sampled_mask(self) -> np.ndarray:
         """1.0 per token after the prompt that the policy sampled, else 0.0."""

@@ -214,7 +214,8 @@ class AgentGenerator:
         t = _Trajectory(0, 0, env)
         written = "".join(f'<tool_call>{json.dumps({"name": c.name, "arguments": c.arguments})}</tool_call>'
                           for c in calls)
-        t.spans.append(Span("model", self._encode(written), [0.0] * len(self._encode(written))))
+        ids = self._encode(written)
+        t.spans.append(Span("model", ids, [0.0] * len(ids)))
         self._append_results(t, self._tool_turn(t, written))
         answer = self._encode(str(problem.answer)) + [self.generator.tokenizer.eos_token_id]
         t.spans.append(Span("model", answer, [0.0] * len(answer)))

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from adarl.types import Request, Rollout, Span
+from adarl.types import Request, Rollout, Span, sampled_tokens
 
 
 def split_at(rollout: Rollout, position: int) -> list[Span]:
@@ -126,8 +126,7 @@ class BranchingGenerator:
         for i, parent, shared, k in prefixes:
             for _ in range(k):
                 child = next(new)
-                for span in child.spans:
-                    span.versions = span.versions or [child.policy_version] * len(span)
+                child.stamp_versions()
                 trees[i].append(Rollout(parent.prompt_id, finish_reason=child.finish_reason,
                                         spans=[*shared, *child.spans], policy_version=child.policy_version))
         for i, k in enumerate(fresh):
@@ -142,8 +141,7 @@ class BranchingGenerator:
 
     def _measure(self, trees: list[list[Rollout]]) -> None:
         leaves = [r for t in trees for r in t]
-        spans = {id(s): s for r in leaves for s in r.spans if s.sampled}
-        stored = sum(len(s) for s in spans.values())
+        stored = sampled_tokens(leaves)  # a shared prefix once
         per_leaf = sum(len(r) for r in leaves)
         self._metrics = {
             "branch/leaves_per_prompt": float(np.mean([len(t) for t in trees])) if trees else 0.0,

@@ -97,9 +97,7 @@ class _Group:
 def _join(old: Rollout, new: Rollout) -> Rollout:
     """A partial rollout followed by its continuation: the continuation is a span of its own,
     with the policy version that sampled it."""
-    for span in new.spans:
-        if span.sampled and span.versions is None:
-            span.versions = [new.policy_version] * len(span)
+    new.stamp_versions()
     spans = [s for s in old.spans if len(s)] + new.spans
     versions = [v for s in spans if s.sampled for v in (s.versions or [])]
     return Rollout(old.prompt_id, finish_reason=new.finish_reason, spans=spans,
@@ -213,9 +211,7 @@ class RolloutScheduler:
         """
         rollouts = self.generator.generate(requests, max_tokens=max_tokens)
         for r in rollouts:
-            for span in r.spans:
-                if span.sampled and span.versions is None:
-                    span.versions = [r.policy_version] * len(span)
+            r.stamp_versions()
         tokens = float(sampled_tokens(rollouts))  # a prefix shared by branches is paid once
         groups, offset = [], 0
         for req in requests:  # each request's rows are consecutive

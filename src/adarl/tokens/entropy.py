@@ -52,16 +52,13 @@ class EntropyStats:
 
 class EntropyObserver:
     """HAPO's ĥ statistics, one object shared by whoever reads them: fitted on each batch's trained
-    tokens before its update (`observe`), read by the loss for that batch (`stats`) and handed to
-    each subscriber (the adaptive-temperature sampler, for the next step's generation)."""
+    tokens before its update (`observe`), read by the loss for that batch (`stats`) and by the
+    adaptive-temperature sampler, which the trainer hands them after the weights move."""
 
     def __init__(self, pivot: float = 0.8) -> None:
         self.pivot = pivot
         self.stats: EntropyStats | None = None
-        self.subscribers: list = []
 
     def observe(self, entropies: list[np.ndarray], masks: list[np.ndarray]) -> None:
         tokens = [h[m > 0] for h, m in zip(entropies, masks, strict=True)]
         self.stats = EntropyStats.fit(np.concatenate(tokens) if tokens else np.zeros(0), self.pivot)
-        for fn in self.subscribers:
-            fn(self.stats)
