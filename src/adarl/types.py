@@ -296,6 +296,9 @@ class Batch:
 
     groups: list[Group]
     advantages: np.ndarray | None = None  # one per rollout (sequence-level)
+    # tree credit (advantage/treerl.py): id(span) -> the advantage of that span's tokens where it is
+    # trained, instead of its rollout's (or, shared, the mean of its holders'); None: no override
+    span_advantages: dict[int, float] | None = None
 
     @property
     def rollouts(self) -> list[Rollout]:

@@ -37,21 +37,27 @@ def build_optimizer(model: torch.nn.Module, t: TrainConfig):
     return optimizer, scheduler
 
 
-def token_advantages(rollouts: list[Rollout], adv: np.ndarray, weights: list[np.ndarray]) -> list[np.ndarray]:
+def token_advantages(rollouts: list[Rollout], adv: np.ndarray, weights: list[np.ndarray],
+                     span_adv: dict[int, float] | None = None) -> list[np.ndarray]:
     """A_{i,t} = A_i · w_{i,t}, except on a span shared by several rollouts (a branch prefix): it is
     trained once, in the first rollout holding it (`trainable_masks`), with the mean advantage of
     the rollouts that hold it (a shared token is credited with the average of its descendants,
-    algorithms.md §3.4)."""
+    algorithms.md §3.4). `span_adv` (id(span) -> value, a tree-credit estimator's) overrides both
+    for the spans it names."""
     out = [float(a) * np.asarray(w, dtype=np.float64) for a, w in zip(adv, weights, strict=True)]
     owners = shared_span_owners(rollouts)
+    span_adv = span_adv or {}
     for i, r in enumerate(rollouts):
         start = 0
         for span in r.spans:
+            end = start + len(span)
             holders = owners.get(id(span))
-            if holders and holders[0] == i:  # later holders have weight 0 there (trainable_masks)
-                end = start + len(span)
+            if id(span) in span_adv:
+                if not holders or holders[0] == i:
+                    out[i][start:end] = span_adv[id(span)] * weights[i][start:end]
+            elif holders and holders[0] == i:  # later holders have weight 0 there (trainable_masks)
                 out[i][start:end] = float(np.mean([adv[j] for j in holders])) * weights[i][start:end]
-            start += len(span)
+            start = end
     return out
 
 
@@ -124,7 +130,7 @@ class Learner:
         weights = masks if weights is None else [np.asarray(w) * m for w, m in zip(weights, masks, strict=True)]
         t = self.cfg
         data = StepData(rows=rows, lengths=[len(p) + len(c) for p, c in rows],
-                        token_adv=token_advantages(rollouts, batch.advantages, weights),
+                        token_adv=token_advantages(rollouts, batch.advantages, weights, batch.span_advantages),
                         token_weights=weights, rollouts=rollouts, on_policy=t.mini_batches == 1 and t.epochs == 1)
         kept = [int((w > 0).sum()) for w in weights]  # tokens in the loss and in agg's count
         # terms that do not vanish with A = 0 (KL, the entropy bonus) need every rollout
