@@ -132,3 +132,19 @@ def test_short_chains_still_give_n_leaves():
     leaves = gen.generate([Request("a", [1], 8), Request("b", [2], 3)])
     assert [r.prompt_id for r in leaves] == ["a"] * 8 + ["b"] * 3  # each request's n leaves, consecutive
     assert [(r.prefix_ids, r.n) for r in gen.generator.calls[1]] == [([10], 2), ([10], 2), (None, 5)]
+
+
+def test_forks_taken_latest_first_still_share_one_prefix():
+    class LateFirst(Scripted):  # the highest entropy is at position 4, the second at 2: forks come 4, then 2
+        def generate(self, requests, **kw):
+            out = super().generate(requests, **kw)
+            for r in out:
+                if r.completion_ids == ROOT_IDS:
+                    r.spans[0].entropies = [2.0, 0.1, 0.5, 0.3, 0.9]
+            return out
+
+    leaves = BranchingGenerator(LateFirst(), roots=1, top_n=2, children=2).generate([Request("p", [1], 5)])
+    root = leaves[0]
+    # every child's prefix is made of the root's own span objects: the 4 prefix tokens are paid once
+    assert all(s in root.spans for child in leaves[1:] for s in child.spans[:-1])
+    assert sampled_tokens(leaves) == 5 + 4 * 2

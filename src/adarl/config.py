@@ -16,10 +16,18 @@ import types
 import typing
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from adarl import registry
 
@@ -217,13 +225,60 @@ class AgentConfig(Section):
     tools_prompt: bool = True  # describe the tools and the call format in a system message
 
 
-class BranchingConfig(Section):
-    """Groups grown as trees that fork at high-entropy tokens (rollout/branching.py: TreeRL's EPTree)."""
+class EptreeBranching(Section):
+    """TreeRL's entropy-guided tree: fork each chain at its highest-entropy tokens (rollout/branching.py)."""
 
     policy: Literal["eptree"] = "eptree"
     roots: int = Field(2, gt=0, le=4096)  # M: chains sampled from the prompt (capped by the group size)
     top_n: int = Field(2, gt=0, le=4096)  # N: fork points per chain, its highest-entropy tokens
     children: int = Field(2, gt=0, le=4096)  # T: continuations per fork point
+
+
+class LatrBranching(Section):
+    """LATR: branch where the runner-up token is nearly as likely, prune look-alikes (rollout/latr.py)."""
+
+    policy: Literal["latr"]
+    abs_threshold: float = Field(0.15, ge=0.0, lt=1.0)  # p(candidate) must exceed it
+    rel_threshold: float = Field(0.25, gt=0.0, le=1.0)  # p(top-1) − p(candidate) must stay below it
+    lookahead: list[int] = Field([20, 30, 50], min_length=1)  # tokens after birth at which a child is compared
+    suffix_threshold: float = Field(0.2, ge=0.0, le=1.0)  # prune: common suffix over r above it
+    rouge_threshold: float = Field(0.5, ge=0.0, le=1.0)  # prune: ROUGE-L above it
+    mix_schedule: dict[int, float] = {0: 1.0, 100: 0.75, 200: 0.5, 300: 0.25}  # training step -> tree share η
+    max_waves: int = Field(8, gt=0, le=1024)  # rounds of branching after prunes free slots
+
+    @field_validator("lookahead")
+    @classmethod
+    def _positive(cls, v: list[int]) -> list[int]:
+        if any(r <= 0 for r in v):
+            raise ValueError("lookahead distances are token counts > 0")
+        return v
+
+    @field_validator("mix_schedule")
+    @classmethod
+    def _shares(cls, v: dict[int, float]) -> dict[int, float]:
+        if 0 not in v or any(not 0.0 <= x <= 1.0 for x in v.values()) or any(k < 0 for k in v):
+            raise ValueError("mix_schedule maps training steps ≥ 0 (step 0 included) to a tree share in [0, 1]")
+        return v
+
+
+class TreepoBranching(Section):
+    """TreePO's segment trees: fixed-length segments, width and depth limits (rollout/treepo.py)."""
+
+    policy: Literal["treepo"]
+    width: int = Field(2, gt=0, le=4096)  # fixed_step_width: paths a segment may fan out into
+    segment: int = Field(64, gt=0, le=1_000_000)  # tokens per segment (max_token_per_step)
+    max_depth: int = Field(6, gt=0, le=4096)  # segments before paths are finished without branching
+    repetition_chars: int = Field(32, gt=0, le=100_000)  # early stop: a substring this long ...
+    repetition_count: int = Field(8, gt=1, le=100_000)  # ... occurring this often
+
+
+def _default_policy(v: Any) -> Any:
+    """`rollout.branching` without a policy is EPTree (the first one built)."""
+    return {**v, "policy": "eptree"} if isinstance(v, dict) and "policy" not in v else v
+
+
+BranchingConfig = Annotated[EptreeBranching | LatrBranching | TreepoBranching, Field(discriminator="policy"),
+                            BeforeValidator(_default_policy)]
 
 
 class RolloutConfig(Section):
@@ -253,8 +308,9 @@ class RolloutConfig(Section):
         out = {}
         if self.adaptive_temperature is not None:
             out["rollout.adaptive_temperature"] = "adaptive_temperature"
-        if self.branching is not None:
-            out["rollout.branching"] = "entropies"
+        needed = {"eptree": "entropies", "latr": "top2"}  # TreePO's segments need nothing of the backend
+        if self.branching is not None and self.branching.policy in needed:
+            out["rollout.branching"] = needed[self.branching.policy]
         if self.scheduler.mode == "async":
             out["rollout.scheduler.mode: async"] = "replica"
         return out

@@ -39,6 +39,9 @@ class Request:
     prompt_ids: list[int]
     n: int
     prefix_ids: list[int] | None = None  # continue from this partial completion
+    # stop this request's rows at this many tokens after the prompt (prefix included), below the
+    # call's max_new_tokens (a tree's segment); they finish "length" there
+    max_new_tokens: int | None = None
 
 
 Role = Literal["model", "tool", "hint", "template"]

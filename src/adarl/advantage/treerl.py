@@ -33,7 +33,8 @@ from adarl.registry import STRICT, register
 from adarl.types import Batch, Rollout
 
 
-def node_credit(rollouts: list[Rollout], rewards: np.ndarray, shared: str = "sum") -> tuple[dict[int, float], list[float]]:
+def node_credit(rollouts: list[Rollout], rewards: np.ndarray,
+                shared: str = "sum") -> tuple[dict[int, float], list[float]]:
     """(id(span) -> the value its tokens train with, each leaf's own-segment R) for one tree. A tree
     of equal rewards gets exactly 0 everywhere (a float mean of equal values may not equal them)."""
     span_values: dict[int, float] = {}

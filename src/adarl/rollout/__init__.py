@@ -31,12 +31,25 @@ def build_generator(model: Any, tokenizer: Any, cfg: RolloutConfig, seed: int = 
 
         generator = HfGenerator(model, tokenizer, cfg, seed=seed)
     if cfg.branching is not None:
-        from adarl.rollout.branching import BranchingGenerator
-
-        b = cfg.branching
-        return BranchingGenerator(generator, roots=b.roots, top_n=b.top_n, children=b.children)
+        return build_branching(generator, cfg.branching)
     if cfg.agent is None:
         return generator
     from adarl.rollout.agent import AgentGenerator
 
     return AgentGenerator.from_config(generator, cfg.agent, {p.id: p for p in problems}, cfg.max_new_tokens)
+
+
+def build_branching(generator: Any, b: Any) -> Any:
+    """`generator` wrapped in the tree sampler `b.policy` names (a `rollout.branching` section)."""
+    if b.policy == "latr":
+        from adarl.rollout.latr import LatrGenerator
+
+        return LatrGenerator(generator, b.abs_threshold, b.rel_threshold, tuple(b.lookahead), b.suffix_threshold,
+                             b.rouge_threshold, b.mix_schedule, b.max_waves)
+    if b.policy == "treepo":
+        from adarl.rollout.treepo import TreePOGenerator
+
+        return TreePOGenerator(generator, b.width, b.segment, b.max_depth, (b.repetition_chars, b.repetition_count))
+    from adarl.rollout.branching import BranchingGenerator
+
+    return BranchingGenerator(generator, roots=b.roots, top_n=b.top_n, children=b.children)

@@ -1,22 +1,29 @@
-"""Branching rollouts: a prompt's group grown as a tree that forks where the policy is uncertain.
+"""Branching rollouts: a prompt's group grown as a tree that shares prefixes.
 
-    BranchingGenerator(generator, roots=M, top_n=N, children=T).generate(requests) -> leaves
+    build_branching(generator, cfg).generate(requests) -> leaves, req.n per request
 
-TreeRL's entropy-guided tree (EPTree, Hou et al. 2025, "TreeRL: LLM Reinforcement Learning with
-On-Policy Tree Search"): sample M chains of a prompt; fork each chain at its N sampled tokens of
-highest entropy into T children that share the prefix up to that token and are sampled on from
-there; every chain and every child is a leaf of the group. A request for n rollouts gets exactly
-n leaves: M = max(1, n // (1 + N·T)) roots, then forks from the highest-entropy points of all
-roots first until the group has n (the last fork may get fewer children); when the roots have too
-few fork points (short answers), the rest are sampled from the prompt. One round (L = 1).
+Three policies, each in the module named after its paper: TreeRL's entropy-guided tree (EPTree,
+here), LATR's lookahead branches (rollout/latr.py) and TreePO's segment trees (rollout/treepo.py).
+`TreeGenerator` is what they share: it wraps a generator, grows each request's tree within the
+step's token budget, and hands back exactly n leaves per request.
 
-The record (adarl/types.py): a fork splits its chain's span at the fork point, and the prefix span
-is the same object in the chain and in its children, so it is stored once, counted once against
-the budget (only tokens sampled after the fork are new), and trained once with the mean advantage
-of the leaves under it (`train/learner.py: token_advantages`): plain GRPO over leaves.
+The record (adarl/types.py): a fork splits its parent's span at the fork point (`split_at`), and
+the prefix spans are the same objects in the parent and in its children, so they are stored once,
+counted once against the budget (only tokens sampled after the fork are new), and trained once
+(`trainable_masks`) with the mean advantage of the leaves under them (`train/learner.py:
+token_advantages`), unless a tree-credit estimator (advantage/treepo.py, treerl.py) says otherwise.
+Tokens sampled for a branch that is then dropped (LATR's pruning, TreePO's width limit) were paid
+for: they count against the budget (`last_discarded_tokens`, read by the scheduler) but are in no
+leaf. The hf backend pre-fills a fork's prompt and prefix once and copies the cache to its children.
 
-The hf backend pre-fills a fork's prompt and prefix once and copies the cache to its T children.
-Entropies come from the generator (hf records them; vllm does not, so branching needs hf).
+EPTree (Hou et al. 2025, "TreeRL: LLM Reinforcement Learning with On-Policy Tree Search"): sample
+M chains of a prompt; fork each chain at its N sampled tokens of highest entropy into T children
+that share the prefix up to that token and are sampled on from there; every chain and every child
+is a leaf. A request for n rollouts gets exactly n leaves: M = max(1, n // (1 + N·T)) roots, then
+forks from the highest-entropy points of all roots first until the group has n (the last fork may
+get fewer children); when the roots have too few fork points (short answers), the rest are sampled
+from the prompt. One round (L = 1). Entropies come from the generator (hf records them; vllm does
+not, so EPTree needs hf).
 """
 
 from __future__ import annotations
@@ -27,32 +34,153 @@ from typing import Any
 
 import numpy as np
 
-from adarl.types import Request, Rollout, Span, sampled_tokens
+from adarl.types import Request, Rollout, Span, sampled_tokens, shared_span_owners
 
 
-def split_at(rollout: Rollout, position: int) -> list[Span]:
+def _cut(span: Span, cut: int) -> tuple[Span, Span]:
+    def part(values: list | None, a: int, b: int | None) -> list | None:
+        return None if values is None else values[a:b]
+
+    head = replace(span, ids=span.ids[:cut], logprobs=part(span.logprobs, 0, cut),
+                   entropies=part(span.entropies, 0, cut), versions=part(span.versions, 0, cut))
+    tail = replace(span, ids=span.ids[cut:], logprobs=part(span.logprobs, cut, None),
+                   entropies=part(span.entropies, cut, None), versions=part(span.versions, cut, None))
+    return head, tail
+
+
+def split_at(rollout: Rollout, position: int, tree: Sequence[Rollout] = ()) -> list[Span]:
     """Cut the rollout's spans so that its leading spans hold exactly its first `position` tokens
-    (after the prompt); return those spans (to share with children). The rollout is unchanged in
-    content: the span containing `position` becomes two spans."""
+    (after the prompt); return those spans (to share with children). The content is unchanged: the
+    span containing `position` becomes two spans, in `rollout` and in every rollout of `tree` that
+    holds it (a prefix already shared stays shared, whatever order the forks come in)."""
     start = 0
     for i, span in enumerate(rollout.spans):
         end = start + len(span)
         if position == start:
             return rollout.spans[:i]
         if start < position < end:
-            cut = position - start
-
-            def part(values: list | None, a: int, b: int | None) -> list | None:
-                return None if values is None else values[a:b]
-
-            head = replace(span, ids=span.ids[:cut], logprobs=part(span.logprobs, 0, cut),
-                           entropies=part(span.entropies, 0, cut), versions=part(span.versions, 0, cut))
-            tail = replace(span, ids=span.ids[cut:], logprobs=part(span.logprobs, cut, None),
-                           entropies=part(span.entropies, cut, None), versions=part(span.versions, cut, None))
-            rollout.spans[i:i + 1] = [head, tail]
+            head, tail = _cut(span, position - start)
+            for r in {id(r): r for r in (rollout, *tree)}.values():
+                for j, s in enumerate(r.spans):
+                    if s is span:
+                        r.spans[j:j + 1] = [head, tail]
+                        break
             return rollout.spans[:i + 1]
         start = end
     return list(rollout.spans)
+
+
+def join_spans(spans: list[Span]) -> Span:
+    """One model span from consecutive model spans of one branch (its own tokens, sampled in stages)."""
+    if len(spans) == 1:
+        return spans[0]
+
+    def cat(name: str) -> list | None:
+        parts = [getattr(s, name) for s in spans]
+        return None if any(p is None for p in parts) else [v for p in parts for v in p]
+
+    return Span("model", [t for s in spans for t in s.ids], cat("logprobs"), cat("entropies"), cat("versions"))
+
+
+def rouge_l(a: Sequence[int], b: Sequence[int]) -> float:
+    """ROUGE-L F1 of two token sequences (longest common subsequence)."""
+    if not a or not b:
+        return 0.0
+    prev = [0] * (len(b) + 1)
+    for x in a:
+        cur = [0]
+        for j, y in enumerate(b):
+            cur.append(prev[j] + 1 if x == y else max(prev[j + 1], cur[j]))
+        prev = cur
+    lcs = prev[-1]
+    if lcs == 0:
+        return 0.0
+    precision, recall = lcs / len(a), lcs / len(b)
+    return 2 * precision * recall / (precision + recall)
+
+
+class TreeGenerator:
+    """What the branching policies share (see the module docstring). A subclass implements
+    `grow(requests, max_new) -> one list of leaves per request` using `sample`, and may add its
+    own metrics to `self._stats`."""
+
+    def __init__(self, generator: Any) -> None:
+        self.generator = generator
+        self._metrics: dict[str, float] = {}
+        self.last_discarded_tokens = 0
+        self._left: int | None = None
+        self._spent = 0
+        self._stats: dict[str, float] = {}
+
+    def __getattr__(self, name: str) -> Any:  # everything else is the wrapped generator's
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.generator, name)
+
+    def metrics(self) -> dict[str, float]:
+        return dict(self._metrics)
+
+    @property
+    def unbranched(self) -> Any:
+        """The wrapped generator: evaluation samples independently (pass@k of a tree is biased)."""
+        return self.generator
+
+    def sample(self, requests: list[Request], max_new_tokens: int | None = None) -> list[Rollout]:
+        """The wrapped generator's rollouts for `requests` within what is left of the call's token
+        budget; once it is spent, rows come back empty and "partial" (never scored)."""
+        if not requests:
+            return []
+        if self._left is not None and self._left - self._spent <= 0:
+            return [Rollout(r.prompt_id, finish_reason="partial", spans=[]) for r in requests for _ in range(r.n)]
+        left = None if self._left is None else self._left - self._spent
+        out = self.generator.generate(requests, max_new_tokens=max_new_tokens, max_tokens=left)
+        self._spent += sum(len(r) for r in out)
+        for r in out:
+            r.stamp_versions()
+        return out
+
+    def grow(self, requests: list[Request], max_new: int | None) -> list[list[Rollout]]:
+        raise NotImplementedError
+
+    def generate(self, requests: list[Request], greedy: bool = False, max_new_tokens: int | None = None,
+                 stop_when: Any = None, keys: Sequence[int] | None = None,
+                 max_tokens: int | None = None) -> list[Rollout]:
+        """req.n leaves per request, each request's leaves consecutive."""
+        if greedy:  # one greedy answer per row: nothing to branch
+            return self.generator.generate(requests, greedy=True, max_new_tokens=max_new_tokens)
+        self._left, self._spent, self._stats = max_tokens, 0, {}
+        cfg = getattr(self.generator, "cfg", None)
+        trees = self.grow(requests, max_new_tokens or getattr(cfg, "max_new_tokens", None))
+        assert all(len(t) == r.n for t, r in zip(trees, requests, strict=True))  # the generator's contract
+        out = [leaf for tree in trees for leaf in tree]
+        texts = self.generator.tokenizer.batch_decode([r.completion_ids for r in out], skip_special_tokens=True)
+        for r, text in zip(out, texts, strict=True):
+            r.text = text
+        self.last_discarded_tokens = self._spent - sampled_tokens(out)
+        self._measure(trees)
+        return out
+
+    def _measure(self, trees: list[list[Rollout]]) -> None:
+        leaves = [r for t in trees for r in t]
+        stored = sampled_tokens(leaves)  # a shared prefix once
+        per_leaf = sum(len(r) for r in leaves)
+        owners = [shared_span_owners(t) for t in trees]
+        self._metrics = {
+            "branch/leaves_per_prompt": float(np.mean([len(t) for t in trees])) if trees else 0.0,
+            "branch/shared_token_fraction": 1.0 - stored / per_leaf if per_leaf else 0.0,
+            "branch/sampled_tokens": float(stored),
+            "branch/discarded_tokens": float(self.last_discarded_tokens),
+            # leaves holding a prefix shared with another leaf of their tree (they came from a fork)
+            "branch/branched_leaves_per_prompt": float(np.mean([len(set(sum(o.values(), []))) for o in owners]))
+            if trees else 0.0,
+            # shared spans above a leaf: how many forks deep it sits
+            "branch/depth": float(np.mean([sum(id(s) in o for s in r.spans)
+                                           for t, o in zip(trees, owners, strict=True) for r in t])) if leaves else 0.0,
+            # distinct completions per prompt: what branching is meant to raise
+            "branch/distinct_leaves_per_prompt": float(np.mean([len({r.text.strip() for r in t}) for t in trees]))
+            if trees else 0.0,
+            **self._stats,
+        }
 
 
 def fork_points(rollout: Rollout, k: int) -> list[int]:
@@ -67,35 +195,17 @@ def fork_points(rollout: Rollout, k: int) -> list[int]:
     return sorted(candidates, key=lambda p: (-entropies[p], p))[:k]
 
 
-class BranchingGenerator:
-    """A generator whose groups are EPTree trees (see the module docstring)."""
+class BranchingGenerator(TreeGenerator):
+    """EPTree (see the module docstring)."""
 
     def __init__(self, generator: Any, roots: int = 2, top_n: int = 2, children: int = 2) -> None:
-        self.generator, self.roots, self.top_n, self.children = generator, roots, top_n, children
-        self._metrics: dict[str, float] = {}
+        super().__init__(generator)
+        self.roots, self.top_n, self.children = roots, top_n, children
 
-    def __getattr__(self, name: str) -> Any:  # everything else is the wrapped generator's
-        return getattr(self.generator, name)
-
-    def metrics(self) -> dict[str, float]:
-        return dict(self._metrics)
-
-    @property
-    def unbranched(self) -> Any:
-        """The wrapped generator: evaluation samples independently (pass@k of a tree is biased)."""
-        return self.generator
-
-    def generate(self, requests: list[Request], greedy: bool = False, max_new_tokens: int | None = None,
-                 stop_when: Any = None, keys: Sequence[int] | None = None,
-                 max_tokens: int | None = None) -> list[Rollout]:
-        """req.n leaves per request, each request's leaves consecutive (roots first, then their forks)."""
-        if greedy:  # one greedy answer per row: nothing to branch
-            return self.generator.generate(requests, greedy=True, max_new_tokens=max_new_tokens)
+    def grow(self, requests: list[Request], max_new: int | None) -> list[list[Rollout]]:
         per_fork = 1 + self.top_n * self.children
         n_roots = [min(r.n, max(1, r.n // per_fork)) for r in requests]
-        roots = self.generator.generate([replace(r, n=m) for r, m in zip(requests, n_roots, strict=True)],
-                                        max_new_tokens=max_new_tokens, max_tokens=max_tokens)
-        spent = sum(len(r) for r in roots)
+        roots = self.sample([replace(r, n=m) for r, m in zip(requests, n_roots, strict=True)], max_new)
         trees: list[list[Rollout]] = []
         forks: list[tuple[int, Rollout, int, int]] = []  # (request, parent, position, children)
         fresh: list[int] = []  # per request: leaves no fork point can give, sampled from the prompt instead
@@ -114,40 +224,18 @@ class BranchingGenerator:
                 forks.append((i, r, p, k))
                 want -= k
             fresh.append(want)
-        prefixes = [(i, r, split_at(r, p), k) for i, r, p, k in forks]
+        for i, r, p, _ in forks:  # every cut first: a later cut may split a span an earlier fork shares
+            split_at(r, p, trees[i])
+        prefixes = [(i, r, split_at(r, p), k) for i, r, p, k in forks]  # now only boundaries: no new cut
         second = [Request(requests[i].prompt_id, requests[i].prompt_ids, k, [t for s in shared for t in s.ids])
                   for i, _, shared, k in prefixes]
         second += [replace(requests[i], n=k) for i, k in enumerate(fresh) if k > 0]
-        left = None if max_tokens is None else max_tokens - spent
-        if left is None or left > 0:
-            new = iter(self.generator.generate(second, max_new_tokens=max_new_tokens, max_tokens=left))
-        else:  # the budget is spent: the leaves not sampled come back empty and "partial" (never scored)
-            new = iter([Rollout(r.prompt_id, finish_reason="partial", spans=[]) for r in second for _ in range(r.n)])
+        new = iter(self.sample(second, max_new))
         for i, parent, shared, k in prefixes:
             for _ in range(k):
                 child = next(new)
-                child.stamp_versions()
                 trees[i].append(Rollout(parent.prompt_id, finish_reason=child.finish_reason,
                                         spans=[*shared, *child.spans], policy_version=child.policy_version))
         for i, k in enumerate(fresh):
             trees[i] += [next(new) for _ in range(k)]
-        assert all(len(t) == r.n for t, r in zip(trees, requests, strict=True))  # the generator's contract
-        out = [leaf for tree in trees for leaf in tree]
-        texts = self.generator.tokenizer.batch_decode([r.completion_ids for r in out], skip_special_tokens=True)
-        for r, text in zip(out, texts, strict=True):
-            r.text = text
-        self._measure(trees)
-        return out
-
-    def _measure(self, trees: list[list[Rollout]]) -> None:
-        leaves = [r for t in trees for r in t]
-        stored = sampled_tokens(leaves)  # a shared prefix once
-        per_leaf = sum(len(r) for r in leaves)
-        self._metrics = {
-            "branch/leaves_per_prompt": float(np.mean([len(t) for t in trees])) if trees else 0.0,
-            "branch/shared_token_fraction": 1.0 - stored / per_leaf if per_leaf else 0.0,
-            "branch/sampled_tokens": float(stored),
-            # distinct completions per prompt: what forking at uncertain tokens is meant to raise
-            "branch/distinct_leaves_per_prompt": float(np.mean([len({r.text.strip() for r in t}) for t in trees]))
-            if trees else 0.0,
-        }
+        return trees

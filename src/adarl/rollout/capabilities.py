@@ -3,6 +3,7 @@
     entropies             records each sampled token's entropy (HAPO, D^3S, high-entropy tokens, branching)
     adaptive_temperature  samples each token at its own temperature (HAPO's sampler)
     replica               copies itself for a generation thread (async mode)
+    top2                  records each sampled position's two most likely tokens (LATR's branching)
 
 The generator classes carry their set (`HfGenerator.capabilities`, `VllmGenerator.capabilities`).
 """
@@ -10,12 +11,13 @@ The generator classes carry their set (`HfGenerator.capabilities`, `VllmGenerato
 from __future__ import annotations
 
 CAPABILITIES: dict[str, frozenset[str]] = {
-    "hf": frozenset({"entropies", "adaptive_temperature", "replica"}),
+    "hf": frozenset({"entropies", "adaptive_temperature", "replica", "top2"}),
     "vllm": frozenset(),
 }
 WHY = {"entropies": "it records no per-token entropies",
        "adaptive_temperature": "it samples at one temperature per request, not one per token",
-       "replica": "it cannot copy itself for a generation thread"}
+       "replica": "it cannot copy itself for a generation thread",
+       "top2": "it records no per-position candidate probabilities"}
 
 
 def unsupported(backend: str, needs: dict[str, str]) -> list[str]:

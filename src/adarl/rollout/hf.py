@@ -141,6 +141,8 @@ class _Row:
     logprobs: list[float] = field(default_factory=list)
     entropies: list[float] = field(default_factory=list)
     finish: FinishReason | None = None
+    limit: int = 0  # tokens after the prompt (prefix included) at which the row finishes "length"
+    top2: list[tuple[int, float, int, float]] = field(default_factory=list)  # (top-1, p, top-2, p) per token
 
 
 @dataclass
@@ -151,6 +153,7 @@ class _Step:
     logprobs: torch.Tensor  # (B,) behaviour log-probs under the temperature used
     entropies: torch.Tensor  # (B,) entropy of softmax(logits / T_0), T_0 = 1 when greedy
     temperatures: torch.Tensor | None  # (B,) T_t when adaptive, None when it is the fixed T_0
+    top2: torch.Tensor | None = None  # (B, 4): top-1 id, its probability, top-2 id, its probability
 
 
 class HfGenerator:
@@ -166,6 +169,10 @@ class HfGenerator:
         self.policy_version = 0
         self.weight_listeners: list[Callable[[], None]] = []  # called after each update_weights
         self.entropy_stats: EntropyStats | None = None  # previous step's, for adaptive temperature
+        # LATR reads each sampled position's two most likely tokens: with record_top2, the last
+        # sampling call leaves them in last_top2, one list per returned rollout
+        self.record_top2 = False
+        self.last_top2: list[list[tuple[int, float, int, float]]] | None = None
         self.last_temperature_mean: float | None = None  # mean T over the last generate's tokens
         self._temperature_sum = 0.0
         self._temperature_count = 0
@@ -265,7 +272,8 @@ class HfGenerator:
         rows = [_Row(i, int(key) & _MASK64, list(requests[i].prefix_ids or []))
                 for i, key in zip(row_request, keys, strict=True)]
         for row in rows:
-            if len(row.prefix) >= max_new:  # the prefix used the whole budget: nothing left to generate
+            row.limit = min(max_new, requests[row.request].max_new_tokens or max_new)
+            if len(row.prefix) >= row.limit:  # the prefix used the whole budget: nothing left to generate
                 row.finish = "length"
         progress = Progress([row.finish is not None for row in rows], row_request)
         todo = [j for j, row in enumerate(rows) if row.finish is None]
@@ -275,7 +283,7 @@ class HfGenerator:
         try:
             for start in range(0, len(todo), self.cfg.max_batch):
                 chunk = todo[start : start + self.cfg.max_batch]
-                if self._decode(requests, rows, chunk, greedy, max_new, progress, stop_when, max_tokens):
+                if self._decode(requests, rows, chunk, greedy, progress, stop_when, max_tokens):
                     break
         finally:
             self.model.train(was_training)
@@ -283,6 +291,7 @@ class HfGenerator:
             None if greedy or not self._temperature_count else self._temperature_sum / self._temperature_count
         )
         texts = self.tokenizer.batch_decode([r.tokens for r in rows], skip_special_tokens=True)
+        self.last_top2 = [r.top2 for r in rows] if self.record_top2 and not greedy else None
         return [
             Rollout(
                 prompt_id=requests[r.request].prompt_id,
@@ -342,6 +351,10 @@ class HfGenerator:
             logp = torch.log_softmax(scaled / factor[:, None], -1)
             probs = logp.exp()
             temperatures = self.cfg.temperature * factor
+        top2 = None
+        if self.record_top2:  # the two most likely tokens of the sampling distribution, before top-p (LATR)
+            p2, i2 = probs.topk(2, -1)
+            top2 = torch.stack([i2[:, 0].double(), p2[:, 0].double(), i2[:, 1].double(), p2[:, 1].double()], -1)
         if self.cfg.top_p < 1.0:
             sorted_p, idx = probs.sort(-1, descending=True)
             drop = sorted_p.cumsum(-1) - sorted_p > self.cfg.top_p  # keep the smallest set ≥ top_p
@@ -353,7 +366,7 @@ class HfGenerator:
         cdf = probs.double().cumsum(-1)
         target = torch.from_numpy(u).to(cdf.device)[:, None] * cdf[:, -1:]
         tokens = torch.searchsorted(cdf, target).clamp_(max=probs.shape[-1] - 1)[:, 0]
-        return _Step(tokens, logp.gather(-1, tokens[:, None])[:, 0], entropy, temperatures)
+        return _Step(tokens, logp.gather(-1, tokens[:, None])[:, 0], entropy, temperatures, top2)
 
     def _stopped(self, row: _Row) -> bool:
         if not self.cfg.stop:
@@ -364,7 +377,7 @@ class HfGenerator:
         tail = self.tokenizer.decode(tail, skip_special_tokens=True)
         return any(s in tail for s in self.cfg.stop)
 
-    def _decode(self, requests: list[Request], all_rows: list[_Row], chunk: list[int], greedy: bool, max_new: int,
+    def _decode(self, requests: list[Request], all_rows: list[_Row], chunk: list[int], greedy: bool,
                 progress: Progress, stop_when: StopWhen | None, max_tokens: int | None = None) -> bool:
         """Decode the rows `chunk` of `all_rows` until they finish; True when `stop_when` or `max_tokens` stopped it."""
         rows = [all_rows[j] for j in chunk]
@@ -372,7 +385,7 @@ class HfGenerator:
         active = list(range(len(rows)))  # position in the current (compacted) batch -> row
         keys = np.array([r.key for r in rows], dtype=np.uint64)
         offsets = np.array([len(r.prefix) for r in rows], dtype=np.int64)  # completion position of step 0
-        for step in range(max_new - int(offsets.min())):
+        for step in range(max(r.limit - len(r.prefix) for r in rows)):
             if max_tokens is not None and progress.tokens + sum(rows[i].finish is None for i in active) > max_tokens:
                 return True  # the next step would sample past the token budget
             draw = self._sample(logits, greedy, None if greedy else uniforms(keys, offsets + step))
@@ -380,6 +393,7 @@ class HfGenerator:
             is_eos = torch.isin(tokens, self.eos_ids).tolist()
             floats = [draw.logprobs, draw.entropies] + ([draw.temperatures] if draw.temperatures is not None else [])
             values = torch.stack(floats, -1).tolist()  # one device→host copy for all per-token floats
+            top2 = draw.top2.tolist() if draw.top2 is not None else None
             keep: list[int] = []
             for j, (row_i, token, vals) in enumerate(zip(active, tokens.tolist(), values, strict=True)):
                 row = rows[row_i]
@@ -389,11 +403,14 @@ class HfGenerator:
                 progress.tokens += 1
                 row.logprobs.append(vals[0])
                 row.entropies.append(vals[1])
+                if top2 is not None:
+                    a, pa, b, pb = top2[j]
+                    row.top2.append((int(a), pa, int(b), pb))
                 self._temperature_sum += vals[2] if len(vals) > 2 else self.cfg.temperature
                 self._temperature_count += 1
                 if is_eos[j] or self._stopped(row):
                     row.finish = "stop"
-                elif len(row.prefix) + len(row.tokens) >= max_new:
+                elif len(row.prefix) + len(row.tokens) >= row.limit:
                     row.finish = "length"
                 else:
                     keep.append(j)

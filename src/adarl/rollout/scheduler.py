@@ -212,7 +212,8 @@ class RolloutScheduler:
         rollouts = self.generator.generate(requests, max_tokens=max_tokens)
         for r in rollouts:
             r.stamp_versions()
-        tokens = float(sampled_tokens(rollouts))  # a prefix shared by branches is paid once
+        # a prefix shared by branches is paid once; a branch sampled then dropped (pruned) is paid too
+        tokens = float(sampled_tokens(rollouts) + getattr(self.generator, "last_discarded_tokens", 0))
         groups, offset = [], 0
         for req in requests:  # each request's rows are consecutive
             done = [r for r in rollouts[offset:offset + req.n] if r.finish_reason not in ("partial", "censored")]

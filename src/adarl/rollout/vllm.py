@@ -221,7 +221,7 @@ class VllmGenerator:
         engine = self.llm.llm_engine
         for j, (i, key) in enumerate(zip(row_request, keys, strict=True)):
             prefix = list(requests[i].prefix_ids or [])
-            room = max_new - len(prefix)
+            room = min(max_new, requests[i].max_new_tokens or max_new) - len(prefix)
             if room <= 0:  # the prefix used the whole budget
                 finish[j] = "length"
                 progress.row_finished[j] = True
