@@ -1,12 +1,18 @@
-"""Branching (TreeRL's EPTree) against independent sampling on one model, before any training: for
-each held-out prompt, n leaves from each; pass@k (k = 1..n, the unbiased estimator over the n
-leaves) and the sampled tokens each spent (a shared prefix counted once).
+"""Branching policies against independent sampling on one model, before any training: for each
+held-out prompt, n leaves per policy; pass@k (k = 1..n, the unbiased estimator over the n leaves),
+distinct correct answers per group, the useful-token fraction (sampled tokens that would carry a
+non-zero GRPO advantage: a shared prefix once, with the mean advantage of its leaves), the sampled
+tokens each spent (a shared prefix once, pruned branches included) and sampled tokens per second.
 
-    .venv/bin/python bench/branching.py --prompts 100 --n 8 [--roots 1 --top-n 2 --children 2]
+    .venv/bin/python bench/branching.py --tasks addition,chain_sum --policies independent,eptree,latr,treepo \
+        --seeds 0,1,2 --prompts 100 --n 8
+    .venv/bin/python bench/branching.py --report-only --tasks addition,chain_sum --seeds 0,1,2
 
-Target (issue 16): a branching policy reaches independent sampling's pass@8 with at most 0.6x the
-sampled tokens. The model is the recipe's (the quickstart: SmolLM2-135M-Instruct on 2-digit
-addition); the held-out problems are the recipe's.
+Every (task, policy, seed) is written to bench/results/branching/<task>/<policy>/seed<k>.json as it
+finishes, and skipped when it is already there (a stopped run continues). Target (issue 16): a
+branching policy reaches independent sampling's pass@8 with at most 0.6x the sampled tokens. The
+model is the recipe's (the quickstart: SmolLM2-135M-Instruct); `addition` is the quickstart's task,
+`chain_sum` reasoning-gym's 2-term chain sums; the held-out problems are fixed by task.data_seed.
 """
 
 from __future__ import annotations
@@ -14,68 +20,144 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from pathlib import Path
 
 import numpy as np
 
-from adarl.config import load_recipe
+from adarl.advantage.grpo import Grpo
+from adarl.config import BranchingConfig, load_recipe
 from adarl.metrics.passk import pass_at_k_array
 from adarl.models import chat_ids, load_model
 from adarl.rewards import Rewards
-from adarl.rollout.branching import BranchingGenerator
+from adarl.rewards.short_answer import extract
+from adarl.rollout import build_branching
 from adarl.rollout.hf import HfGenerator
 from adarl.tasks.base import build_task
-from adarl.types import Group, Request, sampled_tokens
+from adarl.train.learner import token_advantages
+from adarl.types import Batch, Group, Request, sampled_tokens, trainable_masks
+
+TASKS = {
+    "addition": [],
+    "chain_sum": ["task.name=chain_sum", "task.params={min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 2}"],
+}
+# each policy's settings for these short answers (2-10 tokens): TreePO's segments are 4 tokens, not the
+# code's 512; LATR keeps the paper's filters and lookahead (answers end before 20 tokens: no pruning)
+POLICIES = {
+    "independent": None,
+    "eptree": {"policy": "eptree", "roots": 1, "top_n": 2, "children": 2},
+    "latr": {"policy": "latr"},
+    "treepo": {"policy": "treepo", "width": 2, "segment": 4, "max_depth": 6},
+}
+OUT = Path("bench/results/branching")
+
+
+def useful_fraction(groups: list[Group]) -> float:
+    """Sampled tokens (a shared span once) whose GRPO token advantage is not 0, over all sampled tokens."""
+    batch = Batch(groups)
+    rollouts = batch.rollouts
+    masks = trainable_masks(rollouts)
+    adv = token_advantages(rollouts, Grpo()(batch), masks)
+    useful = sum(int(((a != 0.0) & (m > 0)).sum()) for a, m in zip(adv, masks, strict=True))
+    return useful / max(sampled_tokens(rollouts), 1)
+
+
+def run(task: str, policy: str, seed: int, args: argparse.Namespace, model, tok, recipe) -> dict:
+    problems = build_task(recipe.task).eval[: args.prompts]
+    prompt_ids = {p.id: chat_ids(tok, p.messages) for p in problems}
+    rewards = Rewards(recipe.rewards, workers=1)
+    try:
+        base = HfGenerator(model, tok, recipe.rollout, seed=seed)
+        spec = POLICIES[policy]
+        gen = base if spec is None else build_branching(base, _branching(spec))
+        t0 = time.perf_counter()
+        rollouts = gen.generate([Request(p.id, prompt_ids[p.id], args.n) for p in problems])
+        seconds = time.perf_counter() - t0
+        groups = [Group(p, prompt_ids[p.id], rollouts[i * args.n:(i + 1) * args.n]) for i, p in enumerate(problems)]
+        rewards.score(groups)
+    finally:
+        rewards.close()
+    c = np.array([int(g.correct.sum()) for g in groups])
+    ns = np.full(len(groups), args.n)
+    tokens = sum(sampled_tokens(g.rollouts) for g in groups) + getattr(gen, "last_discarded_tokens", 0)
+    distinct_correct = [len({extract(r.text) for r, ok in zip(g.rollouts, g.correct, strict=True) if ok})
+                        for g in groups]
+    return {"task": task, "policy": policy, "seed": seed, "prompts": len(groups), "n": args.n,
+            "pass@k": {k: float(pass_at_k_array(ns, c, k).mean()) for k in range(1, args.n + 1)},
+            "sampled_tokens": int(tokens), "seconds": seconds, "tokens_per_s": tokens / seconds,
+            "distinct_answers": float(np.mean([len({x.text.strip() for x in g.rollouts}) for g in groups])),
+            "distinct_correct": float(np.mean(distinct_correct)), "useful_token_fraction": useful_fraction(groups),
+            "branch_metrics": gen.metrics() if spec is not None else {}}
+
+
+def _branching(spec: dict):
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(BranchingConfig).validate_python(spec)
+
+
+def report(tasks: list[str], policies: list[str], seeds: list[int], n: int, out: Path = OUT) -> None:
+    for task in tasks:
+        rows = {p: [json.loads(f.read_text()) for s in seeds if (f := out / task / p / f"seed{s}.json").exists()]
+                for p in policies}
+        base = rows.get("independent") or []
+        if not base:
+            print(f"{task}: no independent runs yet")
+            continue
+        print(f"\n{task} (n = {n}; mean ± std over seeds; tokens relative to independent, same seed)\n")
+        print(f"| policy | seeds | pass@1 | pass@{n} | sampled tokens | × independent | distinct correct / group | "
+              f"useful tokens | tok/s × independent |\n|---|---|---|---|---|---|---|---|---|")
+        by_seed = {r["seed"]: r for r in base}
+        for p, rs in rows.items():
+            if not rs:
+                continue
+            ratio = [r["sampled_tokens"] / by_seed[r["seed"]]["sampled_tokens"] for r in rs if r["seed"] in by_seed]
+            speed = [r["tokens_per_s"] / by_seed[r["seed"]]["tokens_per_s"] for r in rs if r["seed"] in by_seed]
+
+            def ms(values: list[float], fmt: str = ".3f") -> str:
+                return f"{np.mean(values):{fmt}} ± {np.std(values, ddof=1) if len(values) > 1 else 0.0:{fmt}}"
+
+            first, last = ms([r["pass@k"]["1"] for r in rs]), ms([r["pass@k"][str(n)] for r in rs])
+            useful = ms([r["useful_token_fraction"] for r in rs])
+            print(f"| {p} | {len(rs)} | {first} | {last} | {ms([r['sampled_tokens'] for r in rs], '.0f')} | "
+                  f"{ms(ratio, '.2f')} | {ms([r['distinct_correct'] for r in rs], '.2f')} | {useful} | "
+                  f"{ms(speed, '.2f')} |")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--recipe", default="recipes/quickstart.yaml")
+    parser.add_argument("--tasks", default="addition")
+    parser.add_argument("--policies", default=",".join(POLICIES))
+    parser.add_argument("--seeds", default="0")
     parser.add_argument("--prompts", type=int, default=100)
     parser.add_argument("--n", type=int, default=8)
-    parser.add_argument("--roots", type=int, default=1)
-    parser.add_argument("--top-n", type=int, default=2)
-    parser.add_argument("--children", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default=None)
+    parser.add_argument("--report-only", action="store_true")
+    parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
-    recipe = load_recipe(args.recipe, [f"model.threads={args.threads}", f"seed={args.seed}"])
-    model, tok = load_model(recipe.model, for_training=False)
-    problems = build_task(recipe.task).eval[: args.prompts]
-    prompt_ids = {p.id: chat_ids(tok, p.messages) for p in problems}
-    rewards = Rewards(recipe.rewards, workers=1)
-    out = {}
-    try:
-        for label in ("independent", "eptree"):
-            base = HfGenerator(model, tok, recipe.rollout, seed=args.seed)
-            gen = base if label == "independent" else BranchingGenerator(base, args.roots, args.top_n, args.children)
-            t0 = time.perf_counter()
-            rollouts = gen.generate([Request(p.id, prompt_ids[p.id], args.n) for p in problems])
-            seconds = time.perf_counter() - t0
-            groups = [Group(p, prompt_ids[p.id], rollouts[i * args.n:(i + 1) * args.n]) for i, p in enumerate(problems)]
-            rewards.score(groups)
-            c = np.array([int(g.correct.sum()) for g in groups])
-            ns = np.full(len(groups), args.n)
-            tokens = sum(sampled_tokens(g.rollouts) for g in groups)
-            out[label] = {"pass@k": {k: float(pass_at_k_array(ns, c, k).mean()) for k in range(1, args.n + 1)},
-                          "sampled_tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
-                          "distinct_answers": float(np.mean([len({x.text.strip() for x in g.rollouts})
-                                                             for g in groups]))}
-            r = out[label]
-            print(f"{label}: pass@1 {r['pass@k'][1]:.3f}, pass@{args.n} {r['pass@k'][args.n]:.3f}, {tokens} sampled "
-                  f"tokens, {r['distinct_answers']:.2f} distinct answers per group, {tokens / seconds:.1f} tok/s",
-                  flush=True)
-    finally:
-        rewards.close()
-    ratio = out["eptree"]["sampled_tokens"] / out["independent"]["sampled_tokens"]
-    print(f"\n| policy | pass@1 | pass@{args.n} | sampled tokens | distinct answers / group |\n|---|---|---|---|---|")
-    for label, r in out.items():
-        print(f"| {label} | {r['pass@k'][1]:.3f} | {r['pass@k'][args.n]:.3f} | {r['sampled_tokens']} | "
-              f"{r['distinct_answers']:.2f} |")
-    print(f"\ntokens eptree / independent: {ratio:.2f}")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"args": vars(args), **out, "token_ratio": ratio}, f, indent=2)
+    tasks, policies = args.tasks.split(","), args.policies.split(",")
+    seeds = [int(s) for s in args.seeds.split(",")]
+    unknown = [t for t in tasks if t not in TASKS] + [p for p in policies if p not in POLICIES]
+    if unknown:
+        parser.error(f"unknown task/policy {unknown}; tasks: {', '.join(TASKS)}; policies: {', '.join(POLICIES)}")
+    if not args.report_only:
+        model = tok = None
+        for task in tasks:
+            recipe = load_recipe(args.recipe, [f"model.threads={args.threads}", *TASKS[task]])
+            for seed in seeds:
+                for policy in policies:
+                    path = args.out / task / policy / f"seed{seed}.json"
+                    if path.exists():
+                        continue
+                    if model is None:
+                        model, tok = load_model(recipe.model, for_training=False)
+                    r = run(task, policy, seed, args, model, tok, recipe)
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    path.write_text(json.dumps(r, indent=2))
+                    print(f"{task} {policy} seed {seed}: pass@1 {r['pass@k'][1]:.3f}, pass@{args.n} "
+                          f"{r['pass@k'][args.n]:.3f}, {r['sampled_tokens']} tokens, {r['tokens_per_s']:.1f} tok/s, "
+                          f"useful {r['useful_token_fraction']:.2f}", flush=True)
+    report(tasks, policies, seeds, args.n, args.out)
 
 
 if __name__ == "__main__":
