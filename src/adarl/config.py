@@ -211,6 +211,19 @@ class VllmConfig(Section):
     max_model_len: int | None = Field(None, gt=0)  # default: the model's context length
 
 
+class ArpoConfig(Section):
+    """Branching after tool calls (rollout/arpo.py): ARPO's entropy rule, AEPO's pre-monitoring and penalty."""
+
+    policy: Literal["arpo", "aepo"] = "arpo"
+    initial_fraction: float = Field(0.5, gt=0.0, le=1.0)  # ARPO: chains started from the prompt, × n
+    entropy_weight: float = Field(0.2, ge=0.0, le=100.0)  # w: how much an entropy rise favours a branch
+    branch_probability: float = Field(0.5, ge=0.0, le=1.0)
+    beam: int = Field(2, ge=2, le=64)  # up to beam − 1 branches per chain per tool step
+    kappa: float = Field(1.0, ge=0.0, le=100.0)  # AEPO (a): global chains = n·σ(κ(H_q − H̄_tool))
+    penalty: float = Field(0.5, ge=0.0, lt=1.0)  # AEPO (b): δ, per consecutive branching step
+    window: int = Field(20, gt=0, le=100_000)  # a segment's entropy: the mean over its first tokens
+
+
 class AgentConfig(Section):
     """Multi-turn tool use (rollout/agent.py): every rollout is a trajectory in an environment."""
 
@@ -223,6 +236,7 @@ class AgentConfig(Section):
     max_context_tokens: int | None = Field(None, gt=0, le=1_000_000)  # after the prompt; None: 4 × max_new_tokens
     tool_workers: int = Field(4, gt=0, le=256)
     tools_prompt: bool = True  # describe the tools and the call format in a system message
+    branching: ArpoConfig | None = None  # branch trajectories after tool calls; None: independent
 
 
 class EptreeBranching(Section):
@@ -311,6 +325,8 @@ class RolloutConfig(Section):
         needed = {"eptree": "entropies", "latr": "top2"}  # TreePO's segments need nothing of the backend
         if self.branching is not None and self.branching.policy in needed:
             out["rollout.branching"] = needed[self.branching.policy]
+        if self.agent is not None and self.agent.branching is not None:
+            out["rollout.agent.branching"] = "entropies"
         if self.scheduler.mode == "async":
             out["rollout.scheduler.mode: async"] = "replica"
         return out
@@ -326,8 +342,9 @@ class RolloutConfig(Section):
         if self.backend != "auto" and (problems := self.unsupported()):
             raise ValueError(problems[0])
         if self.branching is not None and (self.agent is not None or self.scheduler.mode != "sync"):
-            raise ValueError("rollout.branching needs rollout.scheduler.mode: sync and no rollout.agent (branching "
-                             "inside agent trajectories and across partial steps is not built yet)")
+            raise ValueError("rollout.branching needs rollout.scheduler.mode: sync and no rollout.agent (agents branch "
+                             "after tool calls with rollout.agent.branching: ARPO/AEPO; trees across partial steps "
+                             "are not built yet)")
         if self.agent is not None and self.scheduler.mode != "sync":
             raise ValueError(f"rollout.agent needs rollout.scheduler.mode: sync (partial and async generation do "
                              f"not carry trajectories across turns yet), not {self.scheduler.mode}")

@@ -31,20 +31,28 @@ the prompt (sampled and inserted).
 
 Tools run in a thread pool, all calls of a turn at once; a turn waits for its slowest call (at
 most `tool_timeout_s`). Partial and async generation are not supported across turns yet.
+
+With `branching` (rollout/arpo.py: ARPO, AEPO) a request's n trajectories are grown as a tree: a
+few chains start from the prompt, a chain may branch after a tool turn (the branch shares its
+spans and gets a copy of its environment), and fresh chains fill the slots left.
 """
 
 from __future__ import annotations
 
+import copy
 import inspect
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, get_type_hints
 
-from adarl.types import FinishReason, Problem, Request, Rollout, Span
+import numpy as np
+
+from adarl.rollout.arpo import ArpoBranching, segment_entropy
+from adarl.types import FinishReason, Problem, Request, Rollout, Span, sampled_tokens, shared_span_owners
 
 TRUNCATED = " ...[truncated]"
 PREVIEW = 80  # characters of a malformed call shown back to the model
@@ -158,6 +166,9 @@ class _Trajectory:
     errors: dict[str, int] = field(default_factory=dict)
     last_text: str = ""
     env_reward: float | None = None
+    h_init: float | None = None  # branching (rollout/arpo.py): the first segment's entropy
+    h_now: float | None = None  # ... and the latest's
+    streak: int = 0  # tool steps in a row at which this chain branched
 
     @property
     def ids(self) -> list[int]:
@@ -170,14 +181,14 @@ class AgentGenerator:
     def __init__(self, generator: Any, env_factory: Callable[[], Any], problems: Mapping[str, Problem], *,
                  parser: str = "tool_call", max_turns: int = 4, max_tool_calls: int = 8, tool_timeout_s: float = 10.0,
                  max_tool_output_tokens: int = 256, max_context_tokens: int = 1024, tool_workers: int = 4,
-                 tools_prompt: bool = True) -> None:
+                 tools_prompt: bool = True, branching: ArpoBranching | None = None) -> None:
         if parser not in PARSERS:
             raise ValueError(f"unknown tool-call parser {parser!r}; parsers: {', '.join(PARSERS)}")
         self.generator, self.env_factory, self.problems = generator, env_factory, problems
         self.parse, stop = PARSERS[parser]
         self.max_turns, self.max_tool_calls, self.tool_timeout_s = max_turns, max_tool_calls, tool_timeout_s
         self.max_tool_output_tokens, self.max_context_tokens = max_tool_output_tokens, max_context_tokens
-        self.tools_prompt = tools_prompt
+        self.tools_prompt, self.branching = tools_prompt, branching
         self.pool = ThreadPoolExecutor(max_workers=tool_workers, thread_name_prefix="adarl-tools")
         # a gym-style environment answers every model turn (`step`) instead of offering tools
         self.gym = callable(getattr(env_factory, "step", None))
@@ -196,7 +207,8 @@ class AgentGenerator:
                    max_turns=cfg.max_turns, max_tool_calls=cfg.max_tool_calls, tool_timeout_s=cfg.tool_timeout_s,
                    max_tool_output_tokens=cfg.max_tool_output_tokens,
                    max_context_tokens=cfg.max_context_tokens or 4 * max_new_tokens, tool_workers=cfg.tool_workers,
-                   tools_prompt=cfg.tools_prompt)
+                   tools_prompt=cfg.tools_prompt,
+                   branching=None if cfg.branching is None else ArpoBranching(**cfg.branching.model_dump()))
 
     def messages(self, problem: Problem) -> list[dict[str, str]]:
         """The problem's chat with the tools described in the system message (when `tools_prompt`)."""
@@ -336,12 +348,20 @@ class AgentGenerator:
         from adarl.rollout.hf import row_keys
 
         context = max_new_tokens or self.max_context_tokens
-        keys, row_request = row_keys(requests, keys, greedy, self.generator.new_keys)
+        b = None if greedy else self.branching
+        if b is not None:  # ARPO/AEPO: a few chains first; branches and fresh chains fill the n slots
+            requests_started = [replace(r, n=b.initial_chains(r.n)) for r in requests]
+            keys, row_request = row_keys(requests_started, None, greedy, self.generator.new_keys)
+        else:
+            keys, row_request = row_keys(requests, keys, greedy, self.generator.new_keys)
         rows = [_Trajectory(i, k) for i, k in zip(row_request, keys, strict=True)]
         for t in rows:
             self._start(t, self.problems[requests[t.request].prompt_id])
         left = max_tokens
         version = self.generator.policy_version
+        self._branch_stats = {"branches": 0, "copy_failures": 0, "fresh_chains": 0}
+        targets: dict[int, int] = {}  # AEPO: global chains per request, once its probe has spoken
+        tool_entropies: list[float] = []
         while True:
             active = [t for t in rows if t.finish is None]
             if not active or (left is not None and left <= 0):
@@ -355,6 +375,12 @@ class AgentGenerator:
                 t.spans.append(Span("model", out.completion_ids, out.logprobs, out.entropies,
                                     [version] * len(out.completion_ids)))
                 t.turns += 1
+                if b is not None:
+                    h = segment_entropy(out.entropies, len(self.generator.tokenizer), b.window)
+                    if h is not None and t.h_init is not None:
+                        tool_entropies.append(h)  # a segment after a tool turn
+                    t.h_init = h if t.h_init is None else t.h_init
+                    t.h_now = h if h is not None else t.h_now
                 if left is not None:
                     left -= len(out)
                 t.last_text = self.generator.tokenizer.decode(out.completion_ids, skip_special_tokens=True)
@@ -380,6 +406,12 @@ class AgentGenerator:
                     t.finish = "max_turns"
                 if t.finish is None and len(t.ids) >= context:
                     t.finish = "length"
+            if b is not None:
+                rows += self._grow(b, requests, rows, [t for t, _ in pending], targets, tool_entropies)
+        if b is not None:  # slots the budget left empty: partial rows (never scored)
+            for i, r in enumerate(requests):
+                rows += [_Trajectory(i, 0, finish="partial") for _ in range(r.n - sum(t.request == i for t in rows))]
+            rows.sort(key=lambda t: t.request)  # each request's rows consecutive (stable: chains, then branches)
         for t in rows:
             t.finish = t.finish or "partial"
             get_reward = getattr(t.env, "get_reward", None)
@@ -391,6 +423,53 @@ class AgentGenerator:
         self._measure(rows)
         return [Rollout(requests[t.request].prompt_id, finish_reason=t.finish, spans=t.spans, text=t.last_text,
                         policy_version=version, env_reward=t.env_reward) for t in rows]
+
+    def _grow(self, b: ArpoBranching, requests: list[Request], rows: list[_Trajectory], stepped: list[_Trajectory],
+              targets: dict[int, int], tool_entropies: list[float]) -> list[_Trajectory]:
+        """New rows after a turn (rollout/arpo.py): branches of the chains whose tool turn was just
+        appended, AEPO's global chains once a probe has spoken, a fresh chain for a prompt with no live
+        chain and free slots."""
+        free = [r.n - sum(t.request == i for t in rows) for i, r in enumerate(requests)]
+        new: list[_Trajectory] = []
+
+        def start(i: int) -> None:
+            (key,) = self.generator.new_keys([replace(requests[i], n=1)])
+            t = _Trajectory(i, int(key))
+            self._start(t, self.problems[requests[i].prompt_id])
+            new.append(t)
+            free[i] -= 1
+
+        h_tool = float(np.mean(tool_entropies)) if tool_entropies else None
+        if b.policy == "aepo":
+            for t in rows:
+                if t.request not in targets and t.h_init is not None:  # the probe's first segment is in
+                    targets[t.request] = b.global_chains(requests[t.request].n, t.h_init, h_tool)
+                    for _ in range(min(targets[t.request] - 1, free[t.request])):
+                        start(t.request)
+                        self._branch_stats["fresh_chains"] += 1
+        for t in stepped:
+            if t.finish is not None or free[t.request] <= 0 or t.h_init is None or t.h_now is None:
+                continue
+            draws = np.random.default_rng([t.key, t.turns]).random(max(b.beam - 1, 0)).tolist()
+            k = min(b.branches(draws, t.h_now, t.h_init, t.streak), free[t.request])
+            t.streak = t.streak + 1 if k else 0
+            for _ in range(k):
+                try:
+                    env = copy.deepcopy(t.env)
+                except Exception:  # an environment that cannot be copied is not branched
+                    self._branch_stats["copy_failures"] += 1
+                    break
+                (key,) = self.generator.new_keys([replace(requests[t.request], n=1)])
+                new.append(_Trajectory(t.request, int(key), env, list(t.spans), None, t.turns, t.calls,
+                                       dict(t.errors), t.last_text, t.env_reward, t.h_init, t.h_now, t.streak))
+                free[t.request] -= 1
+                self._branch_stats["branches"] += 1
+        live = {t.request for t in [*rows, *new] if t.finish is None}
+        for i in range(len(requests)):
+            if i not in live and free[i] > 0 and (b.policy != "aepo" or i in targets):
+                start(i)
+                self._branch_stats["fresh_chains"] += 1
+        return new
 
     def _gym_turn(self, t: _Trajectory, step: Any) -> None:
         """A gym-style environment's answer to the model's turn (`step` is the future of `env.step(text)`):
@@ -423,4 +502,10 @@ class AgentGenerator:
         for t in rows:
             for kind, n in t.errors.items():
                 m[f"agent/errors/{kind}"] = m.get(f"agent/errors/{kind}", 0.0) + n
+        if self.branching is not None and hasattr(self, "_branch_stats"):
+            rollouts = [Rollout("", finish_reason="stop", spans=t.spans) for t in rows]
+            per_leaf = sum(len(r) for r in rollouts)
+            m.update({f"branch/{k}": float(v) for k, v in self._branch_stats.items()})
+            m["branch/shared_token_fraction"] = 1.0 - sampled_tokens(rollouts) / per_leaf if per_leaf else 0.0
+            m["branch/branched_leaves"] = float(len({i for v in shared_span_owners(rollouts).values() for i in v}))
         self._metrics = m
