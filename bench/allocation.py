@@ -40,6 +40,10 @@ METHODS: dict[str, list[str]] = {
     "brorl": ["allocate={name: brorl, n: 32}", "budget.prompts_per_step=2"],
     "vade+dars": ["select.name=vade", "allocate={name: dars, n: 8, n_max: 24}", "advantage.name=drgrpo"],
     "pilot_commit": ["allocate={name: pilot_commit, pilot_n: 2, commit_n: 6}"],
+    # branching rollouts (issue 16): the same 8 leaves a prompt, grown as trees
+    "eptree": ["rollout.branching={policy: eptree, roots: 1, top_n: 2, children: 2}"],
+    "latr": ["rollout.branching={policy: latr}"],
+    "treepo": ["rollout.branching={policy: treepo, width: 2, segment: 4, max_depth: 6}", "advantage={name: treepo}"],
 }
 TASKS: dict[str, list[str]] = {
     "addition": [],
