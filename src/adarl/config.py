@@ -440,6 +440,31 @@ class LogConfig(Section):
 RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 
+class DistillConfig(Section):
+    """A distillation auxiliary (loss/distill.py) from a teacher scoring the policy's tokens (train/teacher.py)."""
+
+    method: Literal["opd", "aopd", "sdar"] = "sdar"
+    weight: float = Field(0.1, ge=0.0, le=1000.0)  # λ: the auxiliary's weight
+    rl_weight: float = Field(1.0, ge=0.0, le=1000.0)  # the RL loss's weight; 0: distillation alone
+    teacher: str = "policy"  # policy | snapshot | ema | a model (alias, HF folder, .gguf, run's final/)
+    context: Literal["none", "answer", "hint", "solution"] = "answer"  # privileged text the teacher sees
+    estimator: Literal["sampled", "topk"] = "sampled"  # opd: the sampled-token estimator or top-k KL
+    direction: Literal["reverse", "forward"] = "reverse"  # opd top-k: KL(π_θ ‖ π_T) or KL(π_T ‖ π_θ)
+    top_k: int | None = Field(None, ge=1, le=4096)  # teacher tokens per position (aopd, topk); None: 32 there
+    gate_temperature: float = Field(1.0, gt=0.0, le=1000.0)  # sdar: τ
+    div_weight: float = Field(1.0, ge=0.0, le=1000.0)  # aopd: the weight of KL(π_T ‖ π_θ) where g ≤ 0
+    ema_decay: float = Field(0.99, ge=0.0, lt=1.0)  # teacher: ema
+    # distil only rollouts no longer than this × the mean length of the first distilled batch (privileged
+    # teachers drift the student's style; a runaway length is its usual sign); None: no guard
+    length_guard: float | None = Field(None, gt=1.0, le=1000.0)
+
+    @model_validator(mode="after")
+    def _top_k(self) -> DistillConfig:
+        if self.top_k is None and (self.method == "aopd" or self.estimator == "topk"):
+            self.top_k = 32
+        return self
+
+
 class Recipe(Section):
     name: str = "run"  # the run directory's name under runs/ (letters, digits, . _ -)
     seed: int = Field(0, ge=0, lt=2**63)
@@ -457,6 +482,7 @@ class Recipe(Section):
     advantage: dict[str, Any] = {"name": "grpo"}
     tokens: list[dict[str, Any]] = []  # token weightings, applied in order after the advantages
     loss: dict[str, Any] = {"name": "ppo_clip"}
+    distill: DistillConfig | None = None  # a teacher's token-level guidance beside the RL loss
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()

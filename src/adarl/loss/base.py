@@ -37,6 +37,9 @@ class LossInputs:
     ref_logp: torch.Tensor | None = None  # ℓ_ref, when kl_coef > 0
     beh_logp: torch.Tensor | None = None  # ℓ_beh: the generator's log-probs
     entropy_live: torch.Tensor | None = None  # H_{i,t}(θ), differentiable, when entropy_coef > 0
+    teacher_logp: torch.Tensor | None = None  # ℓ_T: a distillation teacher's log-probs (train/teacher.py)
+    teacher_top: torch.Tensor | None = None  # (B, T, k) the teacher's top-k log-probs
+    student_top: torch.Tensor | None = None  # (B, T, k) ℓ_θ of those k tokens, differentiable
 
 
 @component(config=STRICT)

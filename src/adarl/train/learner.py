@@ -23,9 +23,11 @@ import torch
 from adarl.config import TrainConfig
 from adarl.loss.aggregate import sequence_weights
 from adarl.loss.base import LossInputs, PolicyLoss
+from adarl.loss.distill import distill_terms
 from adarl.tokens.base import batch_entropies
 from adarl.tokens.entropy import EntropyObserver
 from adarl.train.logprobs import completion_logprobs, micro_batches, pack
+from adarl.train.teacher import Teacher
 from adarl.types import Batch, Rollout, shared_span_owners, trainable_masks
 
 
@@ -73,12 +75,14 @@ class StepData:
     on_policy: bool  # one mini-batch, one epoch: ℓ_old = ℓ_θ detached
     old_logp: dict[int, torch.Tensor] = field(default_factory=dict)  # ℓ_old when off-policy
     sums: dict[str, float] = field(default_factory=lambda: {"tokens_trained": 0.0})  # token-summed metrics
+    teacher_rows: list[tuple[list[int], list[int]]] = field(default_factory=list)  # (teacher prompt, completion)
+    distilled: list[bool] = field(default_factory=list)  # per rollout: under the distillation length guard
 
 
 class Learner:
     def __init__(self, model: torch.nn.Module, loss: PolicyLoss, cfg: TrainConfig, *, temperature: float,
                  pad_id: int, max_len: int, rng: np.random.Generator, reference: torch.nn.Module | None = None,
-                 entropy: EntropyObserver | None = None):
+                 entropy: EntropyObserver | None = None, teacher: Teacher | None = None):
         self.model, self.loss, self.cfg = model, loss, cfg
         self.temperature, self.pad_id, self.max_len, self.rng = temperature, pad_id, max_len, rng
         self.reference = reference  # a frozen copy; None with LoRA (the base model without adapters is it)
@@ -87,27 +91,33 @@ class Learner:
         self.bad_updates_in_a_row = 0
         self._poisoned = False  # a micro-batch of the pending update had a non-finite loss
         self.entropy = entropy  # HAPO's ĥ statistics, fitted on each batch before its update
+        self.teacher = teacher  # a distillation teacher (train/teacher.py) and its recipe section
+        self.guard_length: float | None = None  # distill.length_guard's reference: the first batch's mean length
 
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint needs besides the weights and `optimizer.state_dict()`."""
         return {"scheduler": self.scheduler.state_dict(), "skipped_updates": self.skipped_updates,
-                "bad_updates_in_a_row": self.bad_updates_in_a_row}
+                "bad_updates_in_a_row": self.bad_updates_in_a_row, "guard_length": self.guard_length,
+                **({"teacher": self.teacher.state_dict()} if self.teacher is not None else {})}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.scheduler.load_state_dict(state["scheduler"])
         self.skipped_updates = state["skipped_updates"]
         self.bad_updates_in_a_row = state.get("bad_updates_in_a_row", 0)
+        self.guard_length = state.get("guard_length")
+        if self.teacher is not None and "teacher" in state:
+            self.teacher.load_state_dict(state["teacher"])
 
     def _micro_batches(self, order: list[int], lengths: list[int]) -> list[list[int]]:
         return micro_batches(order, lengths, self.cfg.micro_batch_tokens)
 
     def _forward(self, batch_rows: list[tuple[list[int], list[int]]], grad: bool, model=None,
-                 entropy_grad: bool = False):
+                 entropy_grad: bool = False, extra_ids: torch.Tensor | None = None):
         packed = pack([p for p, _ in batch_rows], [c for _, c in batch_rows], self.pad_id)
         with torch.set_grad_enabled(grad):
-            logp, ent = completion_logprobs(model or self.model, packed, self.temperature, self.cfg.logit_chunk,
-                                            entropy_grad=entropy_grad)
-        return packed, logp, ent
+            out = completion_logprobs(model or self.model, packed, self.temperature, self.cfg.logit_chunk,
+                                      entropy_grad=entropy_grad, extra_ids=extra_ids)
+        return (packed, *out)
 
     def _reference_logprobs(self, rows) -> torch.Tensor:
         with torch.no_grad():
@@ -132,9 +142,11 @@ class Learner:
         data = StepData(rows=rows, lengths=[len(p) + len(c) for p, c in rows],
                         token_adv=token_advantages(rollouts, batch.advantages, weights, batch.span_advantages),
                         token_weights=weights, rollouts=rollouts, on_policy=t.mini_batches == 1 and t.epochs == 1)
+        if self.teacher is not None:
+            self._prepare_distill(batch, data)
         kept = [int((w > 0).sum()) for w in weights]  # tokens in the loss and in agg's count
-        # terms that do not vanish with A = 0 (KL, the entropy bonus) need every rollout
-        every_rollout = bool(self.loss.requires & {"ref_logp", "entropy_live"})
+        # terms that do not vanish with A = 0 (KL, the entropy bonus, distillation) need every rollout
+        every_rollout = bool(self.loss.requires & {"ref_logp", "entropy_live"}) or self.teacher is not None
         # rollouts whose advantage is 0 carry no policy gradient: no forward/backward for them;
         # rollouts whose tokens were all dropped by token weighting are not in the batch at all
         in_batch = [i for i in range(len(rollouts)) if kept[i] > 0]
@@ -167,6 +179,9 @@ class Learner:
         out["trained_fraction"] = len(active) / len(rollouts)
         if self.entropy is not None and self.entropy.stats is not None and self.loss.needs_entropy:
             out["entropy_pivot"] = float(np.exp(self.entropy.stats.median))
+        if self.teacher is not None:
+            out["distill/teacher_forward_tokens"] = float(self.teacher.forward_tokens)
+            out["distill/guarded_rollouts"] = float(sum(not d for d in data.distilled))
         out["skipped_updates"] = float(self.skipped_updates)
         out["step_skipped_updates"] = float(self.skipped_updates - skipped_before)
         return out
@@ -198,7 +213,11 @@ class Learner:
         and the live entropies (for the metrics)."""
         need = self.loss.requires
         entropy_grad = grad and "entropy_live" in need
-        packed, logp, ent = self._forward([data.rows[i] for i in micro], grad=grad, entropy_grad=entropy_grad)
+        teacher = None
+        if self.teacher is not None:  # the teacher first: its top-k ids are gathered in the policy's pass
+            teacher = self.teacher.score([data.teacher_rows[i] for i in micro], self.pad_id)
+        packed, logp, ent, *top = self._forward([data.rows[i] for i in micro], grad=grad, entropy_grad=entropy_grad,
+                                                extra_ids=teacher[1] if teacher is not None else None)
         tw = self._padded([data.token_weights[i] for i in micro], logp)
         mask = packed.completion_mask.float() * (tw > 0).float()
         old = logp.detach() if data.on_policy else self._padded([data.old_logp[i] for i in micro], logp)
@@ -213,6 +232,9 @@ class Learner:
         if "entropy" in need:
             x.entropy = self._padded([data.rollouts[i].entropies for i in micro], logp)
             x.entropy_norm = self.entropy.stats.normalise(x.entropy)
+        if teacher is not None:
+            x.teacher_logp, x.teacher_top = teacher[0], teacher[2]
+            x.student_top = top[0] if top else None
         return x, ent.detach()
 
     def _micro_step(self, data: StepData, micro: list[int], seq_weight: dict[int, float]) -> None:
@@ -220,6 +242,9 @@ class Learner:
         logp, mask, sums = x.logp, x.mask, data.sums
         w = torch.tensor([seq_weight[i] for i in micro], dtype=torch.float32)[:, None]
         per_token, stats = self.loss(x)
+        if self.teacher is not None:
+            per_token, extra = self._distill(data, micro, x, per_token)
+            stats = {**stats, **extra}
         loss = (per_token * mask * w).sum()
         if torch.isfinite(loss):
             loss.backward()
@@ -237,6 +262,28 @@ class Learner:
         for key, value in stats.items():
             sums[key] = sums.get(key, 0.0) + float((value * mask).sum())
 
+    def _prepare_distill(self, batch: Batch, data: StepData) -> None:
+        """Teacher rows (the teacher's prompt for each rollout's problem) and the length guard."""
+        cfg = self.teacher.cfg
+        data.teacher_rows = [(self.teacher.prompt_ids(g.problem), r.completion_ids)
+                             for g in batch.groups for r in g.rollouts]
+        lengths = [len(r) for r in data.rollouts]
+        if cfg.length_guard is not None and self.guard_length is None and lengths:
+            self.guard_length = float(np.mean(lengths))
+        limit = None if cfg.length_guard is None or self.guard_length is None else cfg.length_guard * self.guard_length
+        data.distilled = [limit is None or n <= limit for n in lengths]
+
+    def _distill(self, data: StepData, micro: list[int], x: LossInputs,
+                 per_token: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The RL loss and the distillation term, weighted (`distill.rl_weight`, `distill.weight`)."""
+        cfg = self.teacher.cfg
+        aux, stats = distill_terms(cfg.method, x.logp, x.teacher_logp, estimator=cfg.estimator, direction=cfg.direction,
+                                   gate_temperature=cfg.gate_temperature, div_weight=cfg.div_weight,
+                                   student_top=x.student_top, teacher_top=x.teacher_top)
+        on = torch.tensor([float(data.distilled[i]) for i in micro])[:, None]
+        stats["distill/loss"] = aux.detach()
+        return cfg.rl_weight * per_token + cfg.weight * aux * on, stats
+
     def optim_step(self) -> float:
         """Apply the accumulated gradients, unless the loss or the gradient is not finite; the grad norm.
 
@@ -252,6 +299,8 @@ class Learner:
             self.optimizer.step()
             self.scheduler.step()
             self.bad_updates_in_a_row = 0
+            if self.teacher is not None:
+                self.teacher.after_update()  # an EMA teacher follows the policy
         else:  # a non-finite loss or gradient would poison the weights: skip the update and count it
             self.skipped_updates += 1
             self.bad_updates_in_a_row += 1

@@ -59,40 +59,80 @@ def micro_batches(order: list[int], lengths: list[int], max_tokens: int) -> list
 
 
 def _head(lm_head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float,
-          entropy_grad: bool = False):
+          entropy_grad: bool = False, extra: torch.Tensor | None = None):
     logits = lm_head(hidden).float() / temperature
     logp_all = torch.log_softmax(logits, dim=-1)
     logp = logp_all.gather(-1, targets[:, None])[:, 0]
     with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
         entropy = -(logp_all.exp() * logp_all).sum(-1)
-    return logp, entropy
+    if extra is None:
+        return logp, entropy
+    return logp, entropy, logp_all.gather(-1, extra)
+
+
+def _flat(model: torch.nn.Module, packed: Packed) -> torch.Tensor:
+    decoder = model.get_decoder()
+    # right padding only: causal attention never lets a real token see the padding after it
+    hidden = decoder(input_ids=packed.input_ids, use_cache=False).last_hidden_state
+    return hidden.reshape(-1, hidden.shape[-1]).index_select(0, packed.source)
+
+
+def _unflat(packed: Packed, parts: list[torch.Tensor]) -> torch.Tensor:
+    """(b, Lc, ...) from the completion tokens' values in order, zeros at padding."""
+    b, lc = packed.completion_mask.shape
+    values = torch.cat(parts)
+    index = packed.completion_mask.reshape(-1).nonzero()[:, 0]
+    out = torch.zeros((b * lc, *values.shape[1:]), dtype=values.dtype)
+    return out.index_copy(0, index, values).view(b, lc, *values.shape[1:])
 
 
 def completion_logprobs(
-    model: torch.nn.Module, packed: Packed, temperature: float = 1.0, chunk: int = 512, entropy_grad: bool = False
-) -> tuple[torch.Tensor, torch.Tensor]:
+    model: torch.nn.Module, packed: Packed, temperature: float = 1.0, chunk: int = 512, entropy_grad: bool = False,
+    extra_ids: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, ...]:
     """(b, Lc) log-probs of the completion tokens under `model` at `temperature`, and entropies.
 
     Differentiable in the log-probs when grad is enabled; entropies are detached unless
     `entropy_grad` (for an entropy bonus), computed in the same chunked head pass either way.
+    With `extra_ids` (b, Lc, k), also the (b, Lc, k) log-probs of those tokens at each position
+    (a distillation loss's teacher top-k), from the same pass.
     """
-    decoder = model.get_decoder()
     lm_head = model.get_output_embeddings()
-    # right padding only: causal attention never lets a real token see the padding after it
-    hidden = decoder(input_ids=packed.input_ids, use_cache=False).last_hidden_state
-    flat = hidden.reshape(-1, hidden.shape[-1]).index_select(0, packed.source)
+    flat = _flat(model, packed)
     flat_targets = packed.targets[packed.completion_mask]
-    logps, entropies = [], []
+    flat_extra = extra_ids[packed.completion_mask] if extra_ids is not None else None
+    logps, entropies, extras = [], [], []
     for start in range(0, flat.shape[0], chunk):
         h, t = flat[start : start + chunk], flat_targets[start : start + chunk]
+        e = flat_extra[start : start + chunk] if flat_extra is not None else None
         if torch.is_grad_enabled():
-            lp, ent = checkpoint(_head, lm_head, h, t, temperature, entropy_grad, use_reentrant=False)
+            out = checkpoint(_head, lm_head, h, t, temperature, entropy_grad, e, use_reentrant=False)
         else:
-            lp, ent = _head(lm_head, h, t, temperature)
-        logps.append(lp)
-        entropies.append(ent)
-    b, lc = packed.completion_mask.shape
-    index = packed.completion_mask.reshape(-1).nonzero()[:, 0]
-    logp = torch.zeros(b * lc, dtype=torch.float32).index_copy(0, index, torch.cat(logps)).view(b, lc)
-    ent = torch.zeros(b * lc, dtype=torch.float32).index_copy(0, index, torch.cat(entropies)).view(b, lc)
-    return logp, ent
+            out = _head(lm_head, h, t, temperature, extra=e)
+        logps.append(out[0])
+        entropies.append(out[1])
+        if e is not None:
+            extras.append(out[2])
+    logp, ent = _unflat(packed, logps), _unflat(packed, entropies)
+    return (logp, ent) if extra_ids is None else (logp, ent, _unflat(packed, extras))
+
+
+@torch.no_grad()
+def completion_topk(model: torch.nn.Module, packed: Packed, temperature: float = 1.0, chunk: int = 512,
+                    k: int = 0) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """A scorer's (teacher's) view of the completion tokens: their (b, Lc) log-probs, and with k > 0
+    its k most likely tokens at each position, (b, Lc, k) ids and log-probs."""
+    lm_head = model.get_output_embeddings()
+    flat = _flat(model, packed)
+    flat_targets = packed.targets[packed.completion_mask]
+    logps, ids, tops = [], [], []
+    for start in range(0, flat.shape[0], chunk):
+        logp_all = torch.log_softmax(lm_head(flat[start : start + chunk]).float() / temperature, dim=-1)
+        logps.append(logp_all.gather(-1, flat_targets[start : start + chunk, None])[:, 0])
+        if k:
+            top = logp_all.topk(k, dim=-1)
+            tops.append(top.values)
+            ids.append(top.indices)
+    if not k:
+        return _unflat(packed, logps), None, None
+    return _unflat(packed, logps), _unflat(packed, ids), _unflat(packed, tops)

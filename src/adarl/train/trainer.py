@@ -40,6 +40,7 @@ from adarl.tokens.entropy import EntropyObserver
 from adarl.train.checkpoint import crash_point
 from adarl.train.learner import Learner
 from adarl.train.loop import MAX_BAD_UPDATES, NonFiniteUpdates, ResumeError, run  # noqa: F401 (for users)
+from adarl.train.teacher import Teacher
 from adarl.types import Batch, Group, Problem, Request, merge
 
 
@@ -80,10 +81,12 @@ class Trainer:
         if loss.needs_entropy or recipe.rollout.adaptive_temperature is not None:
             self.entropy = EntropyObserver((recipe.rollout.adaptive_temperature or AdaptiveTemperature()).pivot)
         self.reference = load_reference(recipe.model) if loss.kl_coef > 0 and recipe.model.lora is None else None
+        teacher = None if recipe.distill is None else Teacher(
+            recipe.distill, self.model, self.tokenizer, recipe.rollout.temperature, recipe.train.logit_chunk)
         self.learner = Learner(self.model, loss, recipe.train, temperature=recipe.rollout.temperature,
                                pad_id=self.generator.pad_id, rng=self.np_rng, reference=self.reference,
                                max_len=recipe.loss.get("max_len") or recipe.rollout.max_new_tokens,
-                               entropy=self.entropy)
+                               entropy=self.entropy, teacher=teacher)
         self.logs = RunLogs(self.run_dir, recipe.log.rollouts_every, decode=self.tokenizer.decode)
         self._prompt_cache: dict[str, list[int]] = {}
         self.last_groups: list[Group] = []

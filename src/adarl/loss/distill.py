@@ -1,0 +1,58 @@
+"""Distillation auxiliaries (algorithms.md §7): per-token terms added to the RL loss by a weight,
+
+    L_{i,t} = rl_weight · L^RL_{i,t} + weight · L^distill_{i,t}
+
+on the policy's own sampled tokens, from the teacher's log-probs of them (train/teacher.py: the
+policy with privileged context, a snapshot, an EMA, or another model). With ℓ_θ the policy's
+log-prob of the sampled token, ℓ_T the teacher's, and g = sg(ℓ_T − ℓ_θ):
+
+- `opd` (on-policy distillation; Agarwal et al. 2024, "On-Policy Distillation of Language Models"):
+  reverse KL(π_θ ‖ π_T) on the student's samples. `estimator: sampled` (default) is its
+  policy-gradient form with per-token reward g: L = −g·ℓ_θ (its expectation is ∇ KL). `estimator:
+  topk` is the exact divergence restricted to the teacher's top-k tokens at each position,
+  `direction: reverse` Σ_v π_θ(v)(ℓ_θ(v) − ℓ_T(v)) or `forward` Σ_v p_T(v)(ℓ_T(v) − ℓ_θ(v)) (p_T
+  renormalised over the k tokens).
+- `aopd` (AOPD, §7.2, from the abstract): where g > 0, L = −g·ℓ_θ (keep the positive signal); where
+  g ≤ 0, instead of pushing the sampled token down, L = div_weight·KL(π_T ‖ π_θ) over the
+  teacher's top-k (k = 32) at that position.
+- `sdar` (SDAR, §7.1, from the abstract): L = −σ(g/τ)·ℓ_θ with the gate detached (τ = 1): tokens the
+  teacher endorses (g > 0) are pulled up with weight > 1/2, tokens it rejects get a softly smaller
+  weight, never a push down.
+
+Every term is 0 where `mask` is 0. Statistics: the mean gap g, the SDAR gate, the share of
+tokens in AOPD's positive region.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def distill_terms(method: str, logp: torch.Tensor, teacher_logp: torch.Tensor, *, estimator: str = "sampled",
+                  direction: str = "reverse", gate_temperature: float = 1.0, div_weight: float = 1.0,
+                  student_top: torch.Tensor | None = None,
+                  teacher_top: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """(B, T) per-token distillation loss and per-token statistics (see the module docstring).
+    `student_top` / `teacher_top`: (B, T, k) log-probs of the teacher's top-k tokens under each."""
+    gap = (teacher_logp - logp).detach()
+    stats = {"distill/gap": gap}
+    if method == "sdar":
+        gate = torch.sigmoid(gap / gate_temperature)
+        stats["distill/gate"] = gate
+        return -gate * logp, stats
+    if method == "opd" and estimator == "sampled":
+        return -gap * logp, stats
+    if student_top is None or teacher_top is None:
+        raise ValueError(f"distill {method} with estimator {estimator} needs the teacher's top-k (distill.top_k > 0)")
+    p_t = torch.softmax(teacher_top, dim=-1)  # the teacher renormalised over its top-k
+    forward_kl = (p_t * (torch.log_softmax(teacher_top, dim=-1) - student_top)).sum(-1)
+    if method == "opd":
+        if direction == "forward":
+            return forward_kl, stats
+        p_s = student_top.exp()
+        return (p_s * (student_top - teacher_top)).sum(-1), stats
+    if method == "aopd":
+        positive = (gap > 0).float()
+        stats["distill/positive_fraction"] = positive
+        return positive * (-gap * logp) + (1.0 - positive) * div_weight * forward_kl, stats
+    raise ValueError(f"unknown distillation method {method!r}: opd, aopd or sdar")
