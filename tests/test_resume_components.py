@@ -61,6 +61,21 @@ WALK = {
     "curriculum+fixed+drgrpo+epochs2": dict(
         select={"name": "curriculum"}, advantage={"name": "drgrpo"},
         train={"lr": 0.02, "micro_batch_tokens": 64, "epochs": 2}),
+    # trees, tree credit, hints and distillation: forks, prunes, IRT fits and an EMA teacher cross checkpoints
+    "eptree+treerl+guide": dict(
+        rollout={"temperature": 1.0, "max_new_tokens": 8, "branching": {"policy": "eptree", "roots": 1}},
+        advantage={"name": "treerl"}, hints={"name": "guide", "source": "answer"}),
+    "latr+polychromic+seele+sdar_snapshot": dict(
+        rollout={"temperature": 1.0, "max_new_tokens": 8,
+                 "branching": {"policy": "latr", "lookahead": [2, 3], "abs_threshold": 0.0, "rel_threshold": 1.0}},
+        advantage={"name": "polychromic", "n": 2, "subsets": 4},
+        hints={"name": "seele", "source": "answer", "rounds": 2, "per_round": 2},
+        distill={"method": "sdar", "teacher": "snapshot"}),
+    "treepo+treepo+adhint+aopd_ema": dict(
+        rollout={"temperature": 1.0, "max_new_tokens": 8, "branching": {"policy": "treepo", "segment": 3}},
+        advantage={"name": "treepo"}, hints={"name": "adhint", "source": "answer"},
+        distill={"method": "aopd", "teacher": "ema", "top_k": 4}),
+    "adhint_advantage": dict(advantage={"name": "adhint"}, hints={"name": "adhint", "source": "answer"}),
 }
 
 
@@ -121,8 +136,8 @@ def test_component_state_resumes_exactly(name, tiny_model_dir, tmp_path, monkeyp
 
 
 def test_the_walk_covers_every_component():
-    used = {(stage, spec["name"]) for combo in WALK.values() for stage in ("select", "allocate", "advantage", "loss")
-            if stage in combo for spec in [combo[stage]]}
+    used = {(stage, combo[stage]["name"]) for combo in WALK.values()
+            for stage in ("select", "allocate", "advantage", "loss", "hints") if stage in combo}
     used |= {(stage, spec["name"]) for combo in WALK.values() for stage in ("shaping", "tokens")
              for spec in combo.get(stage, [])}
     defaults = {("select", "uniform"), ("allocate", "fixed"), ("advantage", "grpo"), ("loss", "ppo_clip")}

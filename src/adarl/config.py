@@ -483,6 +483,7 @@ class Recipe(Section):
     tokens: list[dict[str, Any]] = []  # token weightings, applied in order after the advantages
     loss: dict[str, Any] = {"name": "ppo_clip"}
     distill: DistillConfig | None = None  # a teacher's token-level guidance beside the RL loss
+    hints: dict[str, Any] | None = None  # the ladder's last rung: hinted rollouts for all-failed groups
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
@@ -625,6 +626,8 @@ def _check_components(recipe: Recipe) -> list[str]:
                          "Prompt-GDRO's weight of each bin, so both need the same bins")
     for stage in registry.STAGES:
         value = getattr(recipe, stage)
+        if value is None:  # an optional stage left out
+            continue
         if stage in registry.LIST_STAGES:
             specs = [(f"{stage}.{i}", spec) for i, spec in enumerate(value)]
         else:

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from pydantic import ConfigDict, TypeAdapter
 
-STAGES = ("select", "allocate", "shaping", "advantage", "tokens", "loss")
+STAGES = ("select", "allocate", "shaping", "advantage", "tokens", "loss", "hints")
 LIST_STAGES = ("shaping", "tokens")  # a recipe lists any number of these, applied in order
 STRICT = ConfigDict(extra="forbid", arbitrary_types_allowed=True, allow_inf_nan=False)
 
@@ -32,10 +32,12 @@ _BUILTINS = {
     "shaping": ["adarl.shaping.overlong", "adarl.shaping.length_penalty", "adarl.shaping.fapo", "adarl.shaping.hbpo"],
     "advantage": ["adarl.advantage.grpo", "adarl.advantage.rloo", "adarl.advantage.reinforce_pp",
                   "adarl.advantage.xrpo", "adarl.advantage.rdpo", "adarl.advantage.hapo", "adarl.advantage.hbpo",
-                  "adarl.advantage.treepo", "adarl.advantage.treerl", "adarl.advantage.polychromic"],
+                  "adarl.advantage.treepo", "adarl.advantage.treerl", "adarl.advantage.polychromic",
+                  "adarl.advantage.adhint"],
     "tokens": ["adarl.tokens.d3s", "adarl.tokens.high_entropy"],
     "loss": ["adarl.loss.ppo", "adarl.loss.gspo", "adarl.loss.bapo", "adarl.loss.hapo", "adarl.loss.aepo",
              "adarl.loss.decoupled"],
+    "hints": ["adarl.hints.guide", "adarl.hints.seele", "adarl.hints.adhint"],
 }
 _loaded = False
 

@@ -90,12 +90,15 @@ class Rollout:
     text: str = ""
     policy_version: int = 0  # the version of its first sampled token
     env_reward: float | None = None  # an agent environment's own reward (its steps' sum, or get_reward())
+    # sampled with a hint in its context that the update leaves out (Guide): the ratio's denominator is
+    # the behaviour log-prob, π_θ(o | q) / π_old(o | q, hint), on- and off-policy alike
+    guided: bool = False
 
     def __init__(self, prompt_id: PromptId, completion_ids: list[int] | None = None,
                  logprobs: list[float] | None = None, finish_reason: FinishReason = "stop", text: str = "",
                  policy_version: int = 0, entropies: list[float] | None = None,
                  token_versions: list[int] | None = None, *, spans: list[Span] | None = None,
-                 env_reward: float | None = None) -> None:
+                 env_reward: float | None = None, guided: bool = False) -> None:
         if spans is None:
             ids = list(completion_ids or [])
             lp = list(logprobs) if logprobs is not None else [0.0] * len(ids)
@@ -107,6 +110,7 @@ class Rollout:
             raise ValueError("give a rollout either spans or completion_ids/logprobs, not both")
         self.prompt_id, self.spans, self.finish_reason = prompt_id, spans, finish_reason
         self.text, self.policy_version, self.env_reward = text, policy_version, env_reward
+        self.guided = guided
 
     def _per_token(self, field_name: str) -> list | None:
         out: list = []
@@ -171,7 +175,8 @@ class Rollout:
             if seen is not None:
                 seen[id(span)] = len(seen)
         return {"prompt_id": self.prompt_id, "spans": spans, "finish_reason": self.finish_reason,
-                "text": self.text, "policy_version": self.policy_version, "env_reward": self.env_reward}
+                "text": self.text, "policy_version": self.policy_version, "env_reward": self.env_reward,
+                **({"guided": True} if self.guided else {})}
 
     @classmethod
     def from_state(cls, state: dict[str, Any], table: list[Span] | None = None) -> Rollout:

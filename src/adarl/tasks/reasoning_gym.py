@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import hashlib
+import re
 from typing import Any
 
 from adarl.config import TaskConfig
@@ -72,6 +73,23 @@ def _create(name: str, params: dict[str, Any], size: int, seed: int) -> Any:
         raise ValueError(f"bad parameters for reasoning_gym generator '{name}' ({shown}): {err}") from err
 
 
+_CHAIN = re.compile(r"\s*(-?\d+)((?:\s*[+-]\s*\d+)+)\s*")
+
+
+def arithmetic_solution(expression: str) -> str | None:
+    """A worked solution of a chain of + and − (left to right), the hint source for arithmetic tasks
+    (`hints.source: solution`); None for any other expression."""
+    m = _CHAIN.fullmatch(expression)
+    if m is None:
+        return None
+    value, steps = int(m.group(1)), []
+    for op, number in re.findall(r"([+-])\s*(\d+)", m.group(2)):
+        new = value + int(number) if op == "+" else value - int(number)
+        steps.append(f"{value} {op} {number} = {new}")
+        value = new
+    return f"{'; '.join(steps)}. The answer is {value}."
+
+
 def to_problem(item: dict[str, Any], cfg: TaskConfig) -> Problem:
     """One generator item as a `Problem`: scalar metadata and the raw question go to columns."""
     question = str(item["question"])
@@ -79,6 +97,10 @@ def to_problem(item: dict[str, Any], cfg: TaskConfig) -> Problem:
     metadata = item.get("metadata") or {}
     columns = {k: v for k, v in metadata.items() if isinstance(k, str) and is_scalar(v)}
     columns["question"] = question
+    if "solution" not in columns and isinstance(columns.get("expression"), str):
+        solution = arithmetic_solution(columns["expression"])
+        if solution is not None:
+            columns["solution"] = solution
     return Problem(
         id=problem_id(question),
         prompt=render_prompt(question, cfg),

@@ -221,6 +221,12 @@ class Learner:
         tw = self._padded([data.token_weights[i] for i in micro], logp)
         mask = packed.completion_mask.float() * (tw > 0).float()
         old = logp.detach() if data.on_policy else self._padded([data.old_logp[i] for i in micro], logp)
+        guided = [j for j, i in enumerate(micro) if data.rollouts[i].guided]
+        if guided:  # Guide: sampled with a hint the update leaves out; the ratio is over its behaviour log-prob
+            old = old.clone()  # (a detached view of logp must not be written into)
+            for j in guided:
+                r = data.rollouts[micro[j]]
+                old[j, : len(r.completion_ids)] = torch.as_tensor(r.logprobs, dtype=old.dtype)
         a = self._padded([data.token_adv[i] for i in micro], logp)
         x = LossInputs(logp=logp, old_logp=old, adv=a, mask=mask)
         if "ref_logp" in need:

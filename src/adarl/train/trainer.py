@@ -14,6 +14,7 @@ import random
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from adarl.allocate.base import plan_spares
 from adarl.budget import Budget, check_feasible
 from adarl.config import AdaptiveTemperature, Recipe, resolve_backend
 from adarl.evaluate import score_problems
+from adarl.hints.base import with_hint
 from adarl.metrics.sinks import RunLogs
 from adarl.metrics.step import StepMetrics, batch_metrics
 from adarl.metrics.trackers import check_trackers
@@ -41,7 +43,7 @@ from adarl.train.checkpoint import crash_point
 from adarl.train.learner import Learner
 from adarl.train.loop import MAX_BAD_UPDATES, NonFiniteUpdates, ResumeError, run  # noqa: F401 (for users)
 from adarl.train.teacher import Teacher
-from adarl.types import Batch, Group, Problem, Request, merge
+from adarl.types import Batch, Group, Problem, Request, Span, merge
 
 
 class Trainer:
@@ -64,6 +66,7 @@ class Trainer:
         self.allocator = registry.build("allocate", recipe.allocate)
         self.shapings = [registry.build("shaping", spec) for spec in recipe.shaping]
         self.estimator = registry.build("advantage", recipe.advantage)
+        self.hints = registry.build("hints", recipe.hints) if recipe.hints is not None else None
         self.token_weightings = [registry.build("tokens", spec) for spec in recipe.tokens]
         loss = registry.build("loss", recipe.loss)
         recipe.rollout.backend = resolve_backend(recipe)  # auto -> the one used, as config.yaml records
@@ -122,8 +125,11 @@ class Trainer:
         while counts:
             self.rollout_and_verify(counts, problems, groups, metrics, first_stage)
             counts, first_stage = self.allocator.more(list(groups.values()), self.store, self.budget), False
+        plain = [replace(g, rollouts=list(g.rollouts)) for g in groups.values()]  # what the selector judges by
+        if self.hints is not None:
+            self.hint_rung(groups, metrics)
         self.last_groups = list(groups.values())
-        self.selector.observe(self.store, self.last_groups)
+        self.selector.observe(self.store, plain)
         batch = Batch(self.allocator.finish(self.last_groups))
         metrics.update(batch_metrics(self.last_groups, batch))
         metrics.update({f"allocate/{key}": value for key, value in self.allocator.metrics().items()})
@@ -141,6 +147,54 @@ class Trainer:
         metrics.update(self.budget.metrics())
         metrics["lr"] = self.learner.scheduler.get_last_lr()[0]
         return metrics
+
+    def hint_rung(self, groups: dict[str, Group], metrics: StepMetrics) -> None:
+        """The ladder's last rung (hints/): hinted rollouts for the groups where every rollout failed,
+        in the hint method's rounds; they replace their group or join it."""
+        if hasattr(self.hints, "accuracy"):  # ADHint: each prompt's running accuracy without hints
+            ema = {pid: float(self.store.ema_pass[self.store.index[pid]]) for pid in groups}
+            self.hints.accuracy = {pid: v for pid, v in ema.items() if not np.isnan(v)}
+        for round_ in range(self.hints.rounds):
+            plans = self.hints.plan(list(groups.values()), round_)
+            if not plans:
+                break
+            inserted = [self.tokenizer.encode(p.text, add_special_tokens=False) if p.placement == "prefix" else []
+                        for p in plans]
+            requests = [Request(p.problem.id, chat_ids(self.tokenizer, with_hint(p.problem, p.text))
+                                if p.placement == "context" else self.prompt_ids(p.problem) + ids, p.n)
+                        for p, ids in zip(plans, inserted, strict=True)]
+            result = self.rollouts.complete(requests, max_tokens=self.budget.step_tokens_left())
+            self.budget.spend(result.rollouts_started, tokens=result.tokens_spent)
+            made = {g.request.prompt_id: g for g in result.groups}
+            done, fresh = [], []
+            for plan, ids in zip(plans, inserted, strict=True):
+                if (gen := made.get(plan.problem.id)) is None:  # the budget cut every row
+                    continue
+                for r in gen.rollouts:
+                    if ids:  # the beginning of the answer: a hint span, never trained or counted
+                        r.spans.insert(0, Span("hint", list(ids)))
+                        r.text = self.tokenizer.decode(r.completion_ids, skip_special_tokens=True)
+                    elif plan.placement == "context":  # Guide: trained as if the hint were absent
+                        r.guided = True
+                done.append(plan)
+                fresh.append(Group(plan.problem, self.prompt_ids(plan.problem), gen.rollouts, group_id=gen.group_id))
+            for key, value in self.rewards.score(fresh).items():
+                if key.startswith("reward_"):  # error counts
+                    metrics.add(key, value)
+            apply_shapings(self.shapings, fresh, self.recipe.rollout.max_new_tokens, metrics)
+            self.hints.observe(done, fresh)
+            for plan, g in zip(done, fresh, strict=True):
+                if plan.replace:
+                    groups[plan.problem.id] = g
+                else:
+                    groups[plan.problem.id].extend(g)
+            if round_ == 0:
+                metrics.add("hints/groups", float(len(fresh)))
+            metrics.add("hints/rounds", 1.0)
+            metrics.add("hints/rollouts", float(sum(g.size for g in fresh)))
+            metrics.add("hints/tokens", float(result.tokens_spent))
+            metrics.add("hints/groups_solved", float(sum(bool(g.correct.any()) for g in fresh)))
+        metrics.update({f"hints/{k}": v for k, v in self.hints.metrics().items()})
 
     def rollout_and_verify(self, counts: dict[str, int], problems: dict[str, Problem], groups: dict[str, Group],
                            metrics: StepMetrics, first_stage: bool = True) -> None:
@@ -219,7 +273,8 @@ class Trainer:
     def components(self) -> dict[str, Any]:
         """Every stage object of the recipe, by a stable name: what keeps state is checkpointed."""
         return {"selector": self.selector, "allocator": self.allocator, "estimator": self.estimator,
-                "loss": self.learner.loss, **{f"shaping.{i}": c for i, c in enumerate(self.shapings)},
+                "loss": self.learner.loss, **({"hints": self.hints} if self.hints is not None else {}),
+                **{f"shaping.{i}": c for i, c in enumerate(self.shapings)},
                 **{f"tokens.{i}": c for i, c in enumerate(self.token_weightings)}}
 
     def state_dict(self) -> dict[str, Any]:

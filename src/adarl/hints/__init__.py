@@ -1,0 +1,1 @@
+"""Hints: the last rung of the allocation ladder, for groups where every rollout failed (§5)."""

@@ -1,0 +1,130 @@
+"""Hints for all-failed groups (hints/): SEELE's IRT fit, ADHint's sub-group advantages and Guide's
+hint-free ratio, by hand; the rung inside the trainer with exact token accounting and a resume."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from adarl import registry
+from adarl.config import TrainConfig
+from adarl.hints.base import prefix_of
+from adarl.hints.seele import fit_difficulty
+from adarl.tasks.reasoning_gym import arithmetic_solution
+from adarl.train.learner import Learner
+from adarl.types import Batch, Group, Problem, Rollout, Span
+from test_rollout_record import tiny_model
+
+
+def test_irt_fit_by_hand():
+    # symmetric points around .5 with one success in two each: σ(10(.3 − b)) + σ(10(.7 − b)) = 1 at b = .5
+    assert fit_difficulty([(0.3, 1, 2), (0.7, 1, 2)], slope=10.0) == pytest.approx(0.5, abs=1e-9)
+    # one point, 1 of 4 at λ = .5: σ(10(.5 − b)) = 1/4, so b = .5 + ln 3 / 10
+    assert fit_difficulty([(0.5, 1, 4)], slope=10.0) == pytest.approx(0.5 + math.log(3) / 10, abs=1e-9)
+    assert fit_difficulty([(0.0, 0, 8), (0.5, 0, 2)], 10.0) == math.inf  # never solved: no finite b
+    seele = registry.build("hints", {"name": "seele"})
+    assert seele.ratio("p") == 0.5  # round 1: λ_1
+    seele.difficulty["p"] = 0.5 + math.log(3) / 10
+    assert seele.ratio("p") == pytest.approx(0.5 + math.log(3) / 10)  # acc* = .5: λ = b
+    seele.difficulty["p"] = math.inf
+    assert seele.ratio("p") == 1.0  # clipped: the whole solution
+
+
+def test_hint_sources():
+    assert arithmetic_solution("4 - 1 - 7") == "4 - 1 = 3; 3 - 7 = -4. The answer is -4."
+    assert arithmetic_solution("3 * 4") is None
+    assert prefix_of("a b c d", 0.5) == "a b" and prefix_of("a b c d", 0.0) == ""
+
+
+def test_adhint_advantage_by_hand():
+    plain = [Rollout("p", [1], [-1.0], "stop") for _ in range(4)]
+    hinted = [Rollout("p", finish_reason="stop", spans=[Span("hint", [7, 8]), Span("model", [2], [-1.0])])
+              for _ in range(4)]
+    correct = np.array([0, 0, 0, 0, 1, 1, 0, 0], dtype=float)
+    g = Group(Problem("p", "q", "1"), [1], plain + hinted, correct[:, None].copy(), ("r",), correct)
+    adv = registry.build("advantage", {"name": "adhint"})(Batch([g]))
+    # plain sub-group: all equal -> 0; hinted: mean .5, unbiased std √(1/3): ±.5/√(1/3) = ±.866,
+    # scaled by 1 − acc_hint + acc_plain = 1 − .5 + 0 = .5
+    np.testing.assert_allclose(adv[:4], 0.0)
+    np.testing.assert_allclose(adv[4:], 0.5 * np.array([1, 1, -1, -1]) * 0.5 / math.sqrt(1 / 3), rtol=1e-5)
+
+
+def test_guide_ratio_is_over_the_hinted_behaviour():
+    model = tiny_model()
+    prompt, completion = [1, 2, 3], [6, 7, 8]
+    with torch.no_grad():
+        logp = torch.log_softmax(model(torch.tensor([prompt + completion])).logits[0].float(), -1)
+    lp = [float(logp[len(prompt) - 1 + t, tok]) for t, tok in enumerate(completion)]
+    # the hinted behaviour made each token a little likelier: ℓ_beh = ℓ_θ + .1, so ρ = e^−.1 (inside the clip)
+    r = Rollout("p", completion, [x + 0.1 for x in lp], "stop", guided=True)
+    g = Group(Problem("p", "q", "1"), prompt, [r], np.ones((1, 1)), ("r",), np.ones(1))
+    batch = Batch([g], advantages=np.array([1.0]))
+    # by hand: loss = −Σ_t ρ_t·A / 3, so ∇ = −Σ_t ρ_t ∇ℓ_θ(t) / 3 with ρ_t = e^−.1 at the current θ
+    model.zero_grad()
+    live = torch.log_softmax(model(torch.tensor([prompt + completion])).logits[0].float(), -1)
+    total = sum(-torch.exp(live[len(prompt) - 1 + t, tok] - (lp[t] + 0.1)) / 3 for t, tok in enumerate(completion))
+    total.backward()
+    expected = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    learner = Learner(model, registry.build("loss", {"name": "ppo_clip"}), TrainConfig(lr=1e-3, max_grad_norm=None),
+                      temperature=1.0, pad_id=0, max_len=16, rng=np.random.default_rng(0))
+    got = {}
+
+    def capture(self):
+        got.update({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+        return Learner.optim_step(self)
+
+    learner.optim_step = capture.__get__(learner)
+    learner.update(batch)
+    for name, grad in expected.items():
+        assert torch.allclose(got[name], grad, atol=1e-6), name
+    assert Rollout.from_state(r.state_dict()).guided  # it survives a checkpoint
+
+
+def write_hard_task(tmp_path):
+    path = tmp_path / "hard.jsonl"
+    with path.open("w") as f:
+        for i in range(30):
+            f.write(json.dumps({"prompt": f"Compute {i}", "answer": str(90000 + i),
+                                "solution": f"It is {90000 + i}. The answer is {90000 + i}."}) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("hints,advantage", [({"name": "guide", "source": "solution"}, "grpo"),
+                                             ({"name": "seele", "rounds": 2, "per_round": 2}, "grpo"),
+                                             ({"name": "adhint"}, "adhint")])
+def test_the_hint_rung_trains_end_to_end(hints, advantage, tiny_model_dir, tmp_path, monkeypatch):
+    from adarl.config import load_recipe
+    from adarl.train.trainer import Trainer
+    from test_train import recipe_data
+
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
+    data = recipe_data(tiny_model_dir, write_hard_task(tmp_path), budget={"max_steps": 2, "prompts_per_step": 2},
+                       rewards=[{"type": "short_answer"}], allocate={"name": "fixed", "n": 4}, hints=hints,
+                       advantage={"name": advantage}, log={"tensorboard": False, "progress": False})
+    trainer = Trainer(load_recipe(data=data), tmp_path / "run")
+    row = trainer.train_step()
+    groups = trainer.last_groups
+    assert row["hints/groups"] == 2  # the random tiny model fails every prompt: both groups get hints
+    rollouts = [r for g in groups for r in g.rollouts]
+    marked = [r for r in rollouts if r.guided or r.spans[0].role == "hint"]
+    if hints["name"] == "guide":  # the guided rollouts replaced the failed ones
+        assert len(rollouts) == 8 and all(r.guided for r in rollouts)
+        # the replaced failures were paid for too: the step's tokens exceed those it trains on
+        assert row["step_tokens"] > sum(len(r) for r in rollouts)
+    else:  # they joined them: SEELE 2 rounds × 2 rollouts, ADHint as many as the group has
+        assert len(rollouts) == 8 + (2 * 2 * 2 if hints["name"] == "seele" else 8)
+        hint = marked[0].spans[0]
+        assert hint.role == "hint" and not hint.sampled and trainer.tokenizer.decode(hint.ids).startswith("It is")
+        # exact accounting: every rollout is still here, and only sampled tokens were paid for
+        assert row["step_tokens"] == sum(len(r) for r in rollouts) < sum(len(r.completion_ids) for r in rollouts)
+    if hints["name"] == "seele":
+        assert trainer.hints.difficulty  # fitted per problem, kept in the checkpoint state
+        state = trainer.hints.state_dict()
+        fresh = registry.build("hints", hints)
+        fresh.load_state_dict(state)
+        assert fresh.difficulty == trainer.hints.difficulty
