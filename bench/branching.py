@@ -142,9 +142,9 @@ def main() -> None:
         parser.error(f"unknown task/policy {unknown}; tasks: {', '.join(TASKS)}; policies: {', '.join(POLICIES)}")
     if not args.report_only:
         model = tok = None
-        for task in tasks:
-            recipe = load_recipe(args.recipe, [f"model.threads={args.threads}", *TASKS[task]])
-            for seed in seeds:
+        for seed in seeds:  # every task's first seed before any second one: a stopped run has both tasks
+            for task in tasks:
+                recipe = load_recipe(args.recipe, [f"model.threads={args.threads}", *TASKS[task]])
                 for policy in policies:
                     path = args.out / task / policy / f"seed{seed}.json"
                     if path.exists():
