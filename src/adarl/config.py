@@ -295,6 +295,27 @@ BranchingConfig = Annotated[EptreeBranching | LatrBranching | TreepoBranching, F
                             BeforeValidator(_default_policy)]
 
 
+class BudgetSentencesConfig(Section):
+    """HBPO's budget subgroups (rollout/hbpo.py): each subgroup's answers begin with its budget sentence."""
+
+    budgets: list[int] = Field([512, 1024, 2048, 2560], min_length=1, max_length=64)
+    template: str = "I will answer the question within {b} tokens. "
+
+    @field_validator("budgets")
+    @classmethod
+    def _positive(cls, v: list[int]) -> list[int]:
+        if any(b <= 0 for b in v):
+            raise ValueError("budgets are token counts > 0")
+        return v
+
+    @field_validator("template")
+    @classmethod
+    def _has_budget(cls, v: str) -> str:
+        if "{b}" not in v:
+            raise ValueError("the template must contain {b}, where the budget goes")
+        return v
+
+
 class RolloutConfig(Section):
     # auto: vllm when it is installed and the recipe needs nothing only hf has, else hf;
     # resolved when the recipe loads, so config.yaml (and a resume) names the one used
@@ -316,6 +337,7 @@ class RolloutConfig(Section):
     vllm: VllmConfig = VllmConfig()  # used when backend is vllm
     agent: AgentConfig | None = None  # tool-using trajectories; None: single-turn completions
     branching: BranchingConfig | None = None  # tree-shaped groups sharing prefixes; None: independent samples
+    budget_sentences: BudgetSentencesConfig | None = None  # HBPO: each budget subgroup told its budget
 
     def needs(self) -> dict[str, str]:
         """The generator capabilities this section asks for (rollout/capabilities.py), by recipe key."""
@@ -345,6 +367,9 @@ class RolloutConfig(Section):
             raise ValueError("rollout.branching needs rollout.scheduler.mode: sync and no rollout.agent (agents branch "
                              "after tool calls with rollout.agent.branching: ARPO/AEPO; trees across partial steps "
                              "are not built yet)")
+        if self.budget_sentences is not None and (self.scheduler.mode != "sync" or self.agent is not None
+                                                  or self.branching is not None):
+            raise ValueError("rollout.budget_sentences needs rollout.scheduler.mode: sync, and no agent or branching")
         if self.agent is not None and self.scheduler.mode != "sync":
             raise ValueError(f"rollout.agent needs rollout.scheduler.mode: sync (partial and async generation do "
                              f"not carry trajectories across turns yet), not {self.scheduler.mode}")

@@ -32,6 +32,10 @@ def build_generator(model: Any, tokenizer: Any, cfg: RolloutConfig, seed: int = 
         generator = HfGenerator(model, tokenizer, cfg, seed=seed)
     if cfg.branching is not None:
         return build_branching(generator, cfg.branching)
+    if cfg.budget_sentences is not None:
+        from adarl.rollout.hbpo import BudgetSentences
+
+        return BudgetSentences(generator, cfg.budget_sentences.budgets, cfg.budget_sentences.template)
     if cfg.agent is None:
         return generator
     from adarl.rollout.agent import AgentGenerator
