@@ -128,3 +128,31 @@ def test_the_hint_rung_trains_end_to_end(hints, advantage, tiny_model_dir, tmp_p
         fresh = registry.build("hints", hints)
         fresh.load_state_dict(state)
         assert fresh.difficulty == trainer.hints.difficulty
+
+
+def test_the_ladder_is_logged_stored_and_drawn(tiny_model_dir, tmp_path, monkeypatch):
+    from adarl.config import load_recipe
+    from adarl.report import Group as ReportGroup
+    from adarl.report import _heatmap_panel
+    from adarl.runs import load_run
+    from adarl.select.store import RUNGS
+    from adarl.train.trainer import Trainer
+    from test_train import recipe_data
+
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
+    data = recipe_data(tiny_model_dir, write_hard_task(tmp_path), budget={"max_steps": 2, "prompts_per_step": 2},
+                       rewards=[{"type": "short_answer"}], allocate={"name": "fixed", "n": 2},
+                       hints={"name": "adhint"}, advantage={"name": "adhint"},
+                       log={"tensorboard": False, "progress": False})
+    trainer = Trainer(load_recipe(data=data), tmp_path / "run")
+    trainer.run()
+    rows = [json.loads(x) for x in (tmp_path / "run" / "prompts.jsonl").read_text().splitlines()]
+    hinted = RUNGS.index("hinted")
+    # the tiny model solves nothing: every group reaches the hint rung (unless its hinted rollouts all
+    # failed too, still the hint rung), in the log, the store and the step metrics
+    assert [r["rung"] for r in rows] == [hinted] * 4
+    assert all(trainer.store.rung[trainer.store.index[r["prompt_id"]]] == hinted for r in rows)
+    metrics = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [m.get("ladder/hinted") for m in metrics if m.get("step")] == [2.0, 2.0]
+    image, caption = _heatmap_panel(ReportGroup("adhint", [load_run(tmp_path / "run")]))
+    assert image is not None and "ladder rung" in caption  # a third map: the rungs

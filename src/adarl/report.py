@@ -264,6 +264,7 @@ def _heatmap_panel(g: Group) -> tuple[str | None, str]:
         return None, (f"{g.name}: the run has no per-prompt log (prompts.jsonl), so there is no prompt × "
                       "step heat map.")
     cells: dict[tuple[str, int], tuple[float, float]] = {}
+    rungs: dict[tuple[str, int], int] = {}
     for p in run.prompts or []:
         n = p.get("n", p.get("rollouts"))
         if not isinstance(p.get("step"), int) or not isinstance(n, (int, float)) or "prompt_id" not in p:
@@ -272,6 +273,8 @@ def _heatmap_panel(g: Group) -> tuple[str | None, str]:
         if rate is None and isinstance(p.get("correct"), (int, float)):
             rate = p["correct"] / n if n else float("nan")
         cells[(str(p["prompt_id"]), p["step"])] = (float(rate) if rate is not None else float("nan"), float(n))
+        if isinstance(p.get("rung"), int):
+            rungs[(str(p["prompt_id"]), p["step"])] = p["rung"]
     if not cells:
         return None, f"{g.name}: prompts.jsonl has no usable rows."
     prompts = sorted({pid for pid, _ in cells})
@@ -286,26 +289,33 @@ def _heatmap_panel(g: Group) -> tuple[str | None, str]:
     col = {s: j for j, s in enumerate(steps)}
     rate = np.full((len(prompts), len(steps)), np.nan)
     alloc = np.full((len(prompts), len(steps)), np.nan)
+    rung = np.full((len(prompts), len(steps)), np.nan)
     row = {pid: i for i, pid in enumerate(prompts)}
     for (pid, s), (r, n) in cells.items():
         if pid in row:
             rate[row[pid], col[s]], alloc[row[pid], col[s]] = r, n
+            rung[row[pid], col[s]] = rungs.get((pid, s), np.nan)
+    ladder = any(v > 0 for v in rungs.values())  # a third map when the run climbed past plain sampling
     with warnings.catch_warnings():  # a prompt whose every group was empty has no pass rate
         warnings.simplefilter("ignore", RuntimeWarning)
         difficulty = np.nan_to_num(np.nanmean(rate, axis=1), nan=1.0)
     order = np.argsort(difficulty, kind="stable")
-    rate, alloc = rate[order], alloc[order]
+    rate, alloc, rung = rate[order], alloc[order], rung[order]
     from matplotlib import colormaps
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
-    fig = Figure(figsize=(11, 3.8), dpi=100)
-    axes = fig.subplots(1, 2)
-    for ax, data, title, cmap, vmin in ((axes[0], rate, "difficulty: pass rate", "RdYlGn", 0.0),
-                                        (axes[1], alloc, "allocation: rollouts", "viridis", None)):
+    from adarl.select.store import RUNGS
+
+    maps = [(rate, "difficulty: pass rate", "RdYlGn", 0.0, 1.0), (alloc, "allocation: rollouts", "viridis", None, None)]
+    if ladder:
+        maps.append((rung, "ladder: " + " < ".join(RUNGS), "plasma", 0.0, float(len(RUNGS) - 1)))
+    fig = Figure(figsize=(5.5 * len(maps), 3.8), dpi=100)
+    axes = fig.subplots(1, len(maps))
+    for ax, (data, title, cmap, vmin, vmax) in zip(axes, maps, strict=True):
         cm = colormaps[cmap].with_extremes(bad="#eeeeee")
         im = ax.imshow(np.ma.masked_invalid(data), aspect="auto", interpolation="nearest", cmap=cm,
-                       vmin=vmin, vmax=1.0 if vmin == 0.0 else None,
+                       vmin=vmin, vmax=vmax,
                        extent=(steps[0] - 0.5, steps[-1] + 0.5, len(prompts) - 0.5, -0.5))
         ax.set_title(f"{g.name}: {title}", fontsize=10)
         ax.set_xlabel("step")
@@ -314,8 +324,9 @@ def _heatmap_panel(g: Group) -> tuple[str | None, str]:
         fig.colorbar(im, ax=ax, fraction=0.046, pad=0.02)
     fig.tight_layout()
     seed = f" (seed {run.seed})" if run.seed is not None and len(g.runs) > 1 else ""
+    rungs_note = (" The third map is the ladder rung each group reached: " + ", ".join(RUNGS) + ".") if ladder else ""
     return _png(fig), (f"{g.name}{seed}: {len(prompts)} prompts × {len(steps)} steps; grey = not drawn "
-                       f"that step.{note}")
+                       f"that step.{note}{rungs_note}")
 
 
 # ---------------------------------------------------------------- tables

@@ -246,13 +246,17 @@ class RunLogs:
                 kept = [r for r in read_jsonl(path) if isinstance(r.get("step"), int) and r["step"] <= resumed_step]
                 atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
 
-    def write(self, step: int, groups: Sequence[Any], advantages: Mapping[int, float]) -> None:
-        """One line per prompt of the step (its rollout count, correct ones, lengths); on the steps
-        due, every rollout as a user reads it (the advantage is null for rollouts not trained)."""
+    def write(self, step: int, groups: Sequence[Any], advantages: Mapping[int, float],
+              rungs: Mapping[str, int] | None = None) -> None:
+        """One line per prompt of the step (its rollout count, correct ones, lengths, the ladder rung it
+        reached); on the steps due, every rollout as a user reads it (the advantage is null for
+        rollouts not trained)."""
+        rungs = rungs or {}
         with open(self.run_dir / self.PROMPTS, "a", encoding="utf-8") as f:
             for g in groups:
                 f.write(json.dumps({"step": step, "prompt_id": g.problem.id, "n": g.size,
-                                    "correct": int(g.correct.sum()), "lengths": [len(r) for r in g.rollouts]}) + "\n")
+                                    "correct": int(g.correct.sum()), "lengths": [len(r) for r in g.rollouts],
+                                    "rung": rungs.get(g.problem.id, 0)}) + "\n")
         if not self.rollouts_every or step % self.rollouts_every:
             return
         with open(self.run_dir / self.ROLLOUTS, "a", encoding="utf-8") as f:

@@ -27,7 +27,9 @@ import numpy as np
 from adarl.types import Group
 
 _ARRAYS = ("alpha", "beta", "trials", "successes", "last_step", "ema_pass", "last_n", "last_c",
-           "reward_n", "reward_mean", "reward_m2", "mean_length")
+           "reward_n", "reward_mean", "reward_m2", "mean_length", "rung")
+# the ladder's rungs, lowest first: the highest one a prompt's group reached in its latest step
+RUNGS = ("plain", "more", "hinted", "distilled")
 
 
 class DifficultyStore:
@@ -50,6 +52,7 @@ class DifficultyStore:
         self.reward_mean = np.zeros(n)
         self.reward_m2 = np.zeros(n)
         self.mean_length = np.full(n, np.nan)
+        self.rung = np.zeros(n, dtype=np.int64)  # index into RUNGS
         self.step = 0
         # Prompt-GDRO's bin weights w_g, which Rollout-GDRO reads (None: no Prompt-GDRO selector)
         self.gdro_weights: np.ndarray | None = None
@@ -136,7 +139,8 @@ class DifficultyStore:
         if list(state["ids"]) != self.ids:
             raise ValueError("the difficulty store in the checkpoint belongs to a different task")
         for name in _ARRAYS:
-            setattr(self, name, np.array(state[name]))
+            if name in state:  # (checkpoints before the ladder have no rung: it stays at plain)
+                setattr(self, name, np.array(state[name]))
         self.step = state["step"]
         # checkpoints before the typed field kept the weights in an untyped "extra" dict
         weights = state.get("gdro_weights", state.get("extra", {}).get("gdro_weights"))

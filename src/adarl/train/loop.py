@@ -71,7 +71,7 @@ def run(t: Trainer, resume: bool = False, callbacks: Sequence[Any] = ()) -> dict
                 t.wall_offset = row["wall_s"] = time.perf_counter() - t_start
                 crash_point("metrics", t.step)
                 writer.write(row)
-                t.logs.write(t.step, t.last_groups, t.last_advantages)
+                t.logs.write(t.step, t.last_groups, t.last_advantages, t.last_rungs)
                 last.update(row)
                 progress.update(t.step, reward=row.get("reward"), pass_rate=row.get("pass_rate"),
                                 tokens_per_s=row["tokens_per_s"], tokens=row["tokens"])

@@ -26,7 +26,7 @@ from adarl.allocate.base import plan_spares
 from adarl.budget import Budget, check_feasible
 from adarl.config import AdaptiveTemperature, Recipe, resolve_backend
 from adarl.evaluate import score_problems
-from adarl.hints.base import with_hint
+from adarl.hints.base import hinted, with_hint
 from adarl.metrics.sinks import RunLogs
 from adarl.metrics.step import StepMetrics, batch_metrics
 from adarl.metrics.trackers import check_trackers
@@ -34,7 +34,7 @@ from adarl.models import chat_ids, load_model, load_reference
 from adarl.rewards import Rewards
 from adarl.rollout import build_generator
 from adarl.rollout.scheduler import COUNTS, RolloutScheduler
-from adarl.select.store import DifficultyStore
+from adarl.select.store import RUNGS, DifficultyStore
 from adarl.shaping.base import apply_shapings
 from adarl.tasks.base import build_task
 from adarl.tokens.base import effective_tokens, weigh_tokens
@@ -94,6 +94,7 @@ class Trainer:
         self._prompt_cache: dict[str, list[int]] = {}
         self.last_groups: list[Group] = []
         self.last_advantages: dict[int, float] = {}
+        self.last_rungs: dict[str, int] = {}  # prompt id -> the ladder rung its group reached this step
 
     def prompt_ids(self, problem: Problem) -> list[int]:
         if problem.id not in self._prompt_cache:
@@ -122,13 +123,17 @@ class Trainer:
         metrics.update(self.store.selection_metrics(chosen))
         groups: dict[str, Group] = {}
         counts, first_stage = self.allocator.plan(list(problems.values()), self.store, self.budget), True
+        topped_up: set[str] = set()  # prompts a later allocator stage gave more rollouts
         while counts:
+            if not first_stage:
+                topped_up |= {pid for pid, n in counts.items() if n > 0}
             self.rollout_and_verify(counts, problems, groups, metrics, first_stage)
             counts, first_stage = self.allocator.more(list(groups.values()), self.store, self.budget), False
         plain = [replace(g, rollouts=list(g.rollouts)) for g in groups.values()]  # what the selector judges by
         if self.hints is not None:
             self.hint_rung(groups, metrics)
         self.last_groups = list(groups.values())
+        self.climb_ladder(topped_up, metrics)
         self.selector.observe(self.store, plain)
         batch = Batch(self.allocator.finish(self.last_groups))
         metrics.update(batch_metrics(self.last_groups, batch))
@@ -147,6 +152,25 @@ class Trainer:
         metrics.update(self.budget.metrics())
         metrics["lr"] = self.learner.scheduler.get_last_lr()[0]
         return metrics
+
+    def climb_ladder(self, topped_up: set[str], metrics: StepMetrics) -> None:
+        """The rung each group of the step reached (select/store.py: RUNGS): plain, more rollouts (a
+        later allocator stage), hinted (hints/), distilled (every rollout failed, and the teacher's
+        tokens are what it trains on); in the store, prompts.jsonl and `ladder/<rung>` counts."""
+        self.last_rungs = {}
+        for g in self.last_groups:
+            rung = 0
+            if g.problem.id in topped_up:
+                rung = 1
+            if hinted(g):
+                rung = 2
+            if self.learner.teacher is not None and g.correct is not None and not g.correct.any():
+                rung = 3
+            self.last_rungs[g.problem.id] = rung
+            if g.problem.id in self.store.index:
+                self.store.rung[self.store.index[g.problem.id]] = rung
+        for i, name in enumerate(RUNGS):
+            metrics[f"ladder/{name}"] = float(sum(r == i for r in self.last_rungs.values()))
 
     def hint_rung(self, groups: dict[str, Group], metrics: StepMetrics) -> None:
         """The ladder's last rung (hints/): hinted rollouts for the groups where every rollout failed,
