@@ -44,10 +44,17 @@ METHODS: dict[str, list[str]] = {
     "eptree": ["rollout.branching={policy: eptree, roots: 1, top_n: 2, children: 2}"],
     "latr": ["rollout.branching={policy: latr}"],
     "treepo": ["rollout.branching={policy: treepo, width: 2, segment: 4, max_depth: 6}", "advantage={name: treepo}"],
+    # the ladder's last rungs (issue 17; bench/ladder.py): hints for all-failed groups, a teacher's tokens
+    "guide": ["hints={name: guide, source: solution}"],
+    "seele": ["hints={name: seele, source: solution}"],
+    "adhint": ["hints={name: adhint, source: solution}", "advantage={name: adhint}"],
+    "sdar": ["distill={method: sdar, teacher: policy, context: solution}"],
 }
 TASKS: dict[str, list[str]] = {
     "addition": [],
     "chain_sum": ["task.name=chain_sum", "task.params={min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 2}"],
+    # a task the base model rarely solves, for the ladder (bench/ladder.py)
+    "chain_sum3": ["task.name=chain_sum", "task.params={min_terms: 3, max_terms: 3, min_digits: 2, max_digits: 2}"],
 }
 
 
