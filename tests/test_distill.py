@@ -10,13 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from adarl import registry
-from adarl.config import DistillConfig, TrainConfig
+from adarl.config import DistillConfig
 from adarl.loss.distill import distill_terms
-from adarl.train.learner import Learner
 from adarl.train.teacher import Teacher, privileged_messages
 from adarl.types import Batch, Group, Problem, Rollout
-from test_rollout_record import tiny_model
+from test_rollout_record import learner_gradient, tiny_model
 
 
 def test_terms_by_hand():
@@ -81,17 +79,7 @@ def test_the_learner_applies_the_distillation_gradient(method):
     total.backward()
     expected = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad()
-    loss = registry.build("loss", {"name": "ppo_clip", "agg": "token-mean"})
-    learner = Learner(model, loss, TrainConfig(lr=1e-3, max_grad_norm=None), temperature=1.0, pad_id=0, max_len=16,
-                      rng=np.random.default_rng(0), teacher=teacher)
-    got = {}
-
-    def capture(self):
-        got.update({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
-        return Learner.optim_step(self)
-
-    learner.optim_step = capture.__get__(learner)
-    row = learner.update(batch)
+    got, row = learner_gradient(model, batch, teacher=teacher)
     for name, grad in expected.items():
         assert torch.allclose(got[name], grad, atol=1e-6), name
     assert row["distill/teacher_forward_tokens"] == 5 + 3 + 5 + 2

@@ -11,13 +11,11 @@ import pytest
 import torch
 
 from adarl import registry
-from adarl.config import TrainConfig
 from adarl.hints.base import prefix_of
 from adarl.hints.seele import fit_difficulty
 from adarl.tasks.reasoning_gym import arithmetic_solution
-from adarl.train.learner import Learner
 from adarl.types import Batch, Group, Problem, Rollout, Span
-from test_rollout_record import tiny_model
+from test_rollout_record import applied_gradient, tiny_model
 
 
 def test_irt_fit_by_hand():
@@ -70,16 +68,7 @@ def test_guide_ratio_is_over_the_hinted_behaviour():
     total.backward()
     expected = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad()
-    learner = Learner(model, registry.build("loss", {"name": "ppo_clip"}), TrainConfig(lr=1e-3, max_grad_norm=None),
-                      temperature=1.0, pad_id=0, max_len=16, rng=np.random.default_rng(0))
-    got = {}
-
-    def capture(self):
-        got.update({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
-        return Learner.optim_step(self)
-
-    learner.optim_step = capture.__get__(learner)
-    learner.update(batch)
+    got = applied_gradient(model, batch)
     for name, grad in expected.items():
         assert torch.allclose(got[name], grad, atol=1e-6), name
     assert Rollout.from_state(r.state_dict()).guided  # it survives a checkpoint

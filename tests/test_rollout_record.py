@@ -97,10 +97,16 @@ def tiny_model(seed: int = 0) -> LlamaForCausalLM:
     return LlamaForCausalLM(cfg).float()
 
 
-def applied_gradient(model, batch: Batch) -> dict[str, torch.Tensor]:
+def applied_gradient(model, batch: Batch, **learner_kw) -> dict[str, torch.Tensor]:
+    """The gradient the learner applies in its update of `batch` (on-policy PPO, token-mean)."""
+    return learner_gradient(model, batch, **learner_kw)[0]
+
+
+def learner_gradient(model, batch: Batch, **learner_kw) -> tuple[dict[str, torch.Tensor], dict]:
+    """(the gradient the learner applies, its update's metrics)."""
     loss = registry.build("loss", {"name": "ppo_clip", "agg": "token-mean"})
     learner = Learner(model, loss, TrainConfig(lr=1e-3, max_grad_norm=None), temperature=1.0, pad_id=0,
-                      max_len=16, rng=np.random.default_rng(0))
+                      max_len=16, rng=np.random.default_rng(0), **learner_kw)
     grads = {}
 
     def capture(self):
@@ -108,8 +114,8 @@ def applied_gradient(model, batch: Batch) -> dict[str, torch.Tensor]:
         return Learner.optim_step(self)
 
     learner.optim_step = capture.__get__(learner)
-    learner.update(batch)
-    return grads
+    row = learner.update(batch)
+    return grads, row
 
 
 def reference_gradient(model, prompt: list[int], rollouts: list[Rollout], token_adv: list[list[float]],

@@ -216,13 +216,20 @@ def sampled_tokens(rollouts: list[Rollout]) -> int:
     return sum(len(s) for s in {id(s): s for r in rollouts for s in r.spans if s.sampled}.values())
 
 
-def shared_span_owners(rollouts: list[Rollout]) -> dict[int, list[int]]:
-    """id(span) -> the indices of the rollouts that contain it, for spans in more than one."""
+def span_holders(rollouts: list[Rollout]) -> dict[int, list[int]]:
+    """id(span) -> the indices of the rollouts that contain it (a shared prefix: several)."""
     owners: dict[int, list[int]] = {}
     for i, r in enumerate(rollouts):
         for s in r.spans:
-            owners.setdefault(id(s), []).append(i)
-    return {k: v for k, v in owners.items() if len(v) > 1}
+            held = owners.setdefault(id(s), [])
+            if not held or held[-1] != i:
+                held.append(i)
+    return owners
+
+
+def shared_span_owners(rollouts: list[Rollout]) -> dict[int, list[int]]:
+    """id(span) -> the indices of the rollouts that contain it, for spans in more than one."""
+    return {k: v for k, v in span_holders(rollouts).items() if len(v) > 1}
 
 
 @dataclass

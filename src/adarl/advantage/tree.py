@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from adarl.types import Rollout
+from adarl.types import Rollout, span_holders
 
 
 @dataclass(frozen=True)
@@ -23,12 +23,7 @@ class Node:
 
 def leaf_paths(rollouts: list[Rollout]) -> list[list[Node]]:
     """Per leaf, its nodes from the root down (the root itself, the prompt, is not a node)."""
-    holders: dict[int, list[int]] = {}
-    for i, r in enumerate(rollouts):
-        for s in r.spans:
-            held = holders.setdefault(id(s), [])
-            if not held or held[-1] != i:
-                held.append(i)
+    holders = span_holders(rollouts)
     paths: list[list[Node]] = []
     for r in rollouts:
         path: list[Node] = []

@@ -35,18 +35,13 @@ from pydantic.dataclasses import dataclass
 
 from adarl.advantage.base import group_segments
 from adarl.registry import STRICT, register
-from adarl.types import Batch, Rollout
+from adarl.types import Batch, Rollout, span_holders
 
 
 def subgroup_terms(rollouts: list[Rollout], rewards: np.ndarray,
                    skip_zero_std: bool = False) -> list[list[tuple[float, int]]]:
     """Per leaf of one tree, its (s_{i,d}, |G_d(i)|) for every depth kept (see the module docstring)."""
-    holders: dict[int, list[int]] = {}
-    for i, r in enumerate(rollouts):
-        for s in r.spans:
-            held = holders.setdefault(id(s), [])
-            if not held or held[-1] != i:
-                held.append(i)
+    holders = span_holders(rollouts)
     n = len(rollouts)
     root_mean = float(rewards.mean()) if n > 1 else 0.0
     out = []
