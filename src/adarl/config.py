@@ -77,7 +77,7 @@ class ModelConfig(Section):
     threads: int | None = Field(None, gt=0, le=1024)  # torch.set_num_threads; None = torch's default
 
 
-TASK_SOURCES = ("reasoning_gym", "jsonl", "humaneval", "hf_datasets")
+TASK_SOURCES = ("reasoning_gym", "jsonl", "humaneval", "hf_datasets", "sql", "retrieval")
 
 
 class TaskConfig(Section):

@@ -3,13 +3,21 @@ other public method a tool described by its type hints and docstring.
 
     calculator   `calculate(expression)`: exact arithmetic, parsed (no eval); its `demonstration`
                  calls it on the prompt's last arithmetic expression (for SFT cold start)
+    sql          `query(sql)`: a read-only SQLite database built from the problem's `table` column
+                 (tasks/tool_tasks.py: `task.source: sql`); errors come back as text (execution
+                 feedback, as ReEx-SQL); its demonstration runs the problem's gold `sql`
+    search       `search(query)`: BM25 (the bm25s library) over the corpus the problem's `corpus_seed`
+                 names (`task.source: retrieval`), the top 3 passages; its demonstration searches
+                 for the problem's `query`
 """
 
 from __future__ import annotations
 
 import ast
+import json
 import operator
 import re
+import sqlite3
 from typing import Any
 
 from adarl.rollout.agent import ToolCall
@@ -66,7 +74,87 @@ class Calculator:
         return str(int(result)) if float(result).is_integer() else repr(result)
 
 
-ENVIRONMENTS: dict[str, type] = {"calculator": Calculator}
+MAX_ROWS = 20  # rows a query shows; the rest are counted
+MAX_STEPS = 200_000  # SQLite virtual-machine steps a query may take before it is stopped
+
+
+class SqlDatabase:
+    """A read-only SQLite database per rollout, from the problem's `table` rows (see the module docstring).
+
+    Only reading is allowed: an authorizer denies every action but SELECT, reading columns and
+    functions (so no ATTACH, PRAGMA, writes or temp tables), and a progress handler stops a query
+    after MAX_STEPS steps (a cross join of cross joins cannot hang the loop)."""
+
+    _ALLOWED = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION}
+
+    def reset(self, table: str = "[]", sql: str = "", **row: Any) -> None:
+        from adarl.tasks.tool_tasks import SCHEMA
+
+        self.gold = sql
+        self.db = sqlite3.connect(":memory:", check_same_thread=False)
+        self.db.execute(SCHEMA)
+        self.db.executemany("INSERT INTO staff VALUES (?, ?, ?, ?)", [tuple(r) for r in json.loads(table)])
+        self.db.set_authorizer(lambda action, *_: sqlite3.SQLITE_OK if action in self._ALLOWED else sqlite3.SQLITE_DENY)
+        steps = [0]
+
+        def budget() -> int:
+            steps[0] += 1000
+            return 1 if steps[0] > MAX_STEPS else 0
+
+        self._steps = steps
+        self.db.set_progress_handler(budget, 1000)
+        return None
+
+    def demonstration(self, sql: str = "", **row: Any) -> list[ToolCall] | None:
+        return [ToolCall("query", {"sql": sql})] if sql else None
+
+    def query(self, sql: str) -> str:
+        """Run one read-only SQL query on the table staff(name, team, salary, age); the rows it returns."""
+        self._steps[0] = 0
+        try:
+            cursor = self.db.execute(sql)
+            rows = cursor.fetchmany(MAX_ROWS + 1)
+        except sqlite3.Error as err:
+            return f"error: {err}"
+        shown = "\n".join(", ".join(str(v) for v in r) for r in rows[:MAX_ROWS]) or "(no rows)"
+        return shown + (f"\n... (more than {MAX_ROWS} rows)" if len(rows) > MAX_ROWS else "")
+
+
+_INDEXES: dict[tuple[int, int], Any] = {}  # (corpus seed, size) -> (bm25s index, passages): built once per process
+
+
+class Search:
+    """BM25 search over the problem's corpus (see the module docstring)."""
+
+    def reset(self, corpus_seed: int = 0, corpus_size: int = 400, query: str = "", **row: Any) -> None:
+        key = (int(corpus_seed), int(corpus_size))
+        if key not in _INDEXES:
+            import bm25s
+
+            from adarl.tasks.tool_tasks import corpus
+
+            passages = [d["text"] for d in corpus(*key)]
+            index = bm25s.BM25()
+            index.index(bm25s.tokenize(passages, show_progress=False), show_progress=False)
+            _INDEXES[key] = (index, passages)
+        self.index, self.passages = _INDEXES[key]
+        return None
+
+    def demonstration(self, query: str = "", **row: Any) -> list[ToolCall] | None:
+        return [ToolCall("search", {"query": query})] if query else None
+
+    def search(self, query: str) -> str:
+        """Search the encyclopedia; the 3 passages that match the query best."""
+        import bm25s
+
+        if not query.strip():
+            return "error: empty query"
+        results, _ = self.index.retrieve(bm25s.tokenize([query[:500]], show_progress=False), k=3,
+                                         show_progress=False)
+        return "\n".join(self.passages[int(i)] for i in results[0])
+
+
+ENVIRONMENTS: dict[str, type] = {"calculator": Calculator, "sql": SqlDatabase, "search": Search}
 
 
 def environment_class(name: str) -> type:

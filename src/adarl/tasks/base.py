@@ -109,23 +109,24 @@ def split_held_out(
     return train, held
 
 
-def load_by_path(cfg: TaskConfig) -> TaskSource:
+def load_by_path(cfg: TaskConfig, source: str | None = None) -> TaskSource:
     """A task source named by import path: ``function(cfg) -> list[Problem] | TaskSource``, without packaging.
     A list is split like every source's pool (`split_held_out` by `cfg.data_seed`, at most `cfg.size` trained)."""
     import importlib
 
-    module, _, attr = cfg.source.partition(":")
+    source = source or cfg.source
+    module, _, attr = source.partition(":")
     try:
         fn = getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as err:
-        raise ValueError(f"task.source {cfg.source!r} cannot be loaded ({type(err).__name__}: {err})") from None
+        raise ValueError(f"task.source {source!r} cannot be loaded ({type(err).__name__}: {err})") from None
     out = fn(cfg)
     if isinstance(out, TaskSource):
         return out
     problems = list(out)
     if not all(isinstance(p, Problem) for p in problems):
-        raise ValueError(f"task.source {cfg.source!r} must return a list of adarl.types.Problem or a TaskSource")
-    train, held = split_held_out(problems, cfg.eval_size, cfg.data_seed, train_size=cfg.size, what=cfg.source)
+        raise ValueError(f"task.source {source!r} must return a list of adarl.types.Problem or a TaskSource")
+    train, held = split_held_out(problems, cfg.eval_size, cfg.data_seed, train_size=cfg.size, what=source)
     return TaskSource(train, held, cfg.name or attr)
 
 
@@ -141,8 +142,11 @@ def build_task(cfg: TaskConfig, seed: int | None = None) -> TaskSource:
     del seed  # see the docstring: the data seed alone decides the task
     if ":" in cfg.source:
         return load_by_path(cfg)
+    if cfg.source in ("sql", "retrieval"):  # tasks that need tools (tasks/tool_tasks.py)
+        return load_by_path(cfg, f"adarl.tasks.tool_tasks:{cfg.source}")
     if cfg.source not in ("reasoning_gym", "jsonl", "humaneval", "hf_datasets"):
-        raise ValueError(f"unknown task source '{cfg.source}' (choices: reasoning_gym, jsonl, humaneval, hf_datasets)")
+        raise ValueError(f"unknown task source '{cfg.source}' (choices: reasoning_gym, jsonl, humaneval, "
+                         "hf_datasets, sql, retrieval)")
     if cfg.source == "hf_datasets":  # it applies the eval_size default below itself, reading the data once
         from adarl.tasks.hf_datasets import load_hf_datasets
 
