@@ -382,3 +382,19 @@ def test_a_failing_or_slow_gym_environment_censors_for_good():
         (r,) = run(ag, prompt)
         time.sleep(0.6 if env is Slow else 0)
         assert r.finish_reason == "censored" and r.env_reward is None
+
+
+def test_cleaner_drops_a_failed_step_that_the_next_one_corrects():
+    bad = '<tool_call>{"name": "calculate", "arguments": {"expr": "12*34"}}</tool_call>'
+    good, last = CALL % "12*34", "The answer is 408."
+    ag, gen, prompt = agent({0: [bad, good, last]}, purify=True, max_turns=4)
+    (r,) = run(ag, prompt)
+    assert ag.metrics()["agent/purified_steps"] == 1 and ag.metrics()["agent/errors/bad_arguments"] == 1
+    # what trains is the conversation in which the good call came first: token in, token out holds
+    chat = [{"role": "user", "content": "What is 12 * 34?"}, {"role": "assistant", "content": good},
+            {"role": "tool", "content": "408"}, {"role": "assistant", "content": last}]
+    rendered = gen.tokenizer.apply_chat_template(chat, tokenize=True, return_dict=False)
+    assert prompt + r.completion_ids == list(rendered)[:-1]
+    ag2, _, _ = agent({0: [bad, good, last]}, max_turns=4)
+    (plain,) = run(ag2, prompt)
+    assert len(plain.spans) == len(r.spans) + 4  # without purify: the failed call and its tool turn stay

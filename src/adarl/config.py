@@ -237,6 +237,7 @@ class AgentConfig(Section):
     tool_workers: int = Field(4, gt=0, le=256)
     tools_prompt: bool = True  # describe the tools and the call format in a system message
     branching: ArpoConfig | None = None  # branch trajectories after tool calls; None: independent
+    purify: bool = False  # CLEANER: drop a failed tool step that a successful one directly corrects
 
 
 class EptreeBranching(Section):

@@ -32,9 +32,11 @@ the prompt (sampled and inserted).
 Tools run in a thread pool, all calls of a turn at once; a turn waits for its slowest call (at
 most `tool_timeout_s`). Partial and async generation are not supported across turns yet.
 
-With `branching` (rollout/arpo.py: ARPO, AEPO) a request's n trajectories are grown as a tree: a
-few chains start from the prompt, a chain may branch after a tool turn (the branch shares its
-spans and gets a copy of its environment), and fresh chains fill the slots left.
+With `purify` (CLEANER), a failed tool step directly followed by a successful one is dropped from
+the trained trajectory (`purify`). With `branching` (rollout/arpo.py: ARPO, AEPO) a request's n
+trajectories are grown as a tree: a few chains start from the prompt, a chain may branch after a
+tool turn (the branch shares its spans and gets a copy of its environment), and fresh chains fill
+the slots left.
 """
 
 from __future__ import annotations
@@ -175,20 +177,45 @@ class _Trajectory:
         return [t for s in self.spans for t in s.ids]
 
 
+def purify(spans: list[Span]) -> tuple[list[Span], int]:
+    """CLEANER's trajectory purification: a tool step that failed, directly followed by a step whose
+    tool call succeeded, is dropped, so the trajectory trains as if the corrected call came first.
+    A step is a model span and the template, tool and template spans of its tool turn; a failed one
+    has a tool span with status "error". Returns (the spans kept, steps dropped)."""
+    steps: list[list[Span]] = []
+    for span in spans:
+        if span.role == "model" or not steps:
+            steps.append([span])
+        else:
+            steps[-1].append(span)
+
+    def status(step: list[Span]) -> str | None:
+        return next((s.status for s in step if s.role == "tool"), None)
+
+    kept: list[list[Span]] = []
+    dropped = 0
+    for i, step in enumerate(steps):
+        if status(step) == "error" and i + 1 < len(steps) and status(steps[i + 1]) == "ok":
+            dropped += 1
+            continue
+        kept.append(step)
+    return [s for step in kept for s in step], dropped
+
+
 class AgentGenerator:
     """A generator whose rollouts are tool-using trajectories (see the module docstring)."""
 
     def __init__(self, generator: Any, env_factory: Callable[[], Any], problems: Mapping[str, Problem], *,
                  parser: str = "tool_call", max_turns: int = 4, max_tool_calls: int = 8, tool_timeout_s: float = 10.0,
                  max_tool_output_tokens: int = 256, max_context_tokens: int = 1024, tool_workers: int = 4,
-                 tools_prompt: bool = True, branching: ArpoBranching | None = None) -> None:
+                 tools_prompt: bool = True, branching: ArpoBranching | None = None, purify: bool = False) -> None:
         if parser not in PARSERS:
             raise ValueError(f"unknown tool-call parser {parser!r}; parsers: {', '.join(PARSERS)}")
         self.generator, self.env_factory, self.problems = generator, env_factory, problems
         self.parse, stop = PARSERS[parser]
         self.max_turns, self.max_tool_calls, self.tool_timeout_s = max_turns, max_tool_calls, tool_timeout_s
         self.max_tool_output_tokens, self.max_context_tokens = max_tool_output_tokens, max_context_tokens
-        self.tools_prompt, self.branching = tools_prompt, branching
+        self.tools_prompt, self.branching, self.purify = tools_prompt, branching, purify
         self.pool = ThreadPoolExecutor(max_workers=tool_workers, thread_name_prefix="adarl-tools")
         # a gym-style environment answers every model turn (`step`) instead of offering tools
         self.gym = callable(getattr(env_factory, "step", None))
@@ -207,7 +234,7 @@ class AgentGenerator:
                    max_turns=cfg.max_turns, max_tool_calls=cfg.max_tool_calls, tool_timeout_s=cfg.tool_timeout_s,
                    max_tool_output_tokens=cfg.max_tool_output_tokens,
                    max_context_tokens=cfg.max_context_tokens or 4 * max_new_tokens, tool_workers=cfg.tool_workers,
-                   tools_prompt=cfg.tools_prompt,
+                   tools_prompt=cfg.tools_prompt, purify=cfg.purify,
                    branching=None if cfg.branching is None else ArpoBranching(**cfg.branching.model_dump()))
 
     def messages(self, problem: Problem) -> list[dict[str, str]]:
@@ -412,8 +439,12 @@ class AgentGenerator:
             for i, r in enumerate(requests):
                 rows += [_Trajectory(i, 0, finish="partial") for _ in range(r.n - sum(t.request == i for t in rows))]
             rows.sort(key=lambda t: t.request)  # each request's rows consecutive (stable: chains, then branches)
+        purified = 0
         for t in rows:
             t.finish = t.finish or "partial"
+            if self.purify and t.finish != "censored":  # CLEANER: train the corrected step, not the failed one
+                t.spans, dropped = purify(t.spans)
+                purified += dropped
             get_reward = getattr(t.env, "get_reward", None)
             if t.finish != "censored" and callable(get_reward):  # TRL's optional environment reward
                 try:
@@ -421,6 +452,8 @@ class AgentGenerator:
                 except Exception:  # the environment failed, not the model
                     t.finish = "censored"
         self._measure(rows)
+        if self.purify:
+            self._metrics["agent/purified_steps"] = float(purified)
         return [Rollout(requests[t.request].prompt_id, finish_reason=t.finish, spans=t.spans, text=t.last_text,
                         policy_version=version, env_reward=t.env_reward) for t in rows]
 
