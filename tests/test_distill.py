@@ -86,13 +86,16 @@ def test_the_learner_applies_the_distillation_gradient(method):
 
 
 @pytest.mark.parametrize("distill", [{"method": "aopd", "teacher": "ema", "context": "answer"},
-                                     {"method": "sdar", "teacher": "snapshot", "length_guard": 1.5}])
+                                     {"method": "sdar", "teacher": "snapshot", "length_guard": 1.5},
+                                     {"method": "opd", "teacher": "MODEL", "context": "none", "estimator": "topk"}])
 def test_distillation_trains_end_to_end_and_resumes(distill, tiny_model_dir, tmp_path, monkeypatch):
     from adarl.config import load_recipe
     from adarl.train.trainer import Trainer
     from test_train import recipe_data, write_task
 
     monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
+    if distill["teacher"] == "MODEL":  # another model: a local HF folder (here the policy's own weights)
+        distill = {**distill, "teacher": str(tiny_model_dir)}
     data = recipe_data(tiny_model_dir, write_task(tmp_path), budget={"max_steps": 2, "prompts_per_step": 2},
                        rollout={"temperature": 1.0, "max_new_tokens": 8}, distill=distill,
                        log={"tensorboard": False, "progress": False})
@@ -102,6 +105,8 @@ def test_distillation_trains_end_to_end_and_resumes(distill, tiny_model_dir, tmp
     assert row["distill/teacher_forward_tokens"] > 0 and "distill/gap" in row
     moved = any(not torch.equal(before[n], p) for n, p in trainer.learner.teacher.model.named_parameters())
     assert moved == (distill["teacher"] == "ema")  # the EMA teacher follows the policy; a snapshot stays
+    if distill["method"] == "opd":  # a separate teacher starts as the policy: the gap is 0 before any update
+        assert abs(row["distill/gap"]) < 1e-5
     state = trainer.learner.state_dict()
     fresh = Trainer(load_recipe(data=data), tmp_path / "run2")
     fresh.learner.load_state_dict(state)
