@@ -29,7 +29,11 @@ COMBOS = {
                             shaping=[{"name": "hbpo", "max_len": 8},
                                      {"name": "fapo", "judge": "shaping_judges:flawed_if_marked", "workers": 1}],
                             loss={"name": "ppo_clip", "kl_coef": 0.01, "kl": "k1"}),
+    "polychromic": dict(advantage={"name": "polychromic", "n": 2, "subsets": 8}, loss={"name": "ppo_clip"}),
 }
+# trained end to end where their inputs exist: trees (tests/test_branching_policies.py), hinted groups
+# (tests/test_hints.py); grpo/drgrpo: tests/test_train.py; decoupled_ppo: the partial-rollouts test below
+ELSEWHERE = {"grpo", "drgrpo", "decoupled_ppo", "treepo", "treerl", "adhint"}
 
 
 @pytest.mark.parametrize("name", list(COMBOS))
@@ -52,13 +56,12 @@ def test_components_train_together(name, tiny_model_dir, tmp_path, tests_on_path
 
 
 def test_every_registered_component_is_covered():
-    # grpo/drgrpo: tests/test_train.py; decoupled_ppo: the partial-rollouts test below
     used = {(stage, spec["name"]) for combo in COMBOS.values()
             for stage in ("advantage", "loss") if stage in combo for spec in [combo[stage]]}
     used |= {(stage, spec["name"]) for combo in COMBOS.values() for stage in ("shaping", "tokens")
              for spec in combo.get(stage, [])}
     for stage in ("shaping", "advantage", "tokens", "loss"):
-        missing = set(registry.names(stage)) - {n for s, n in used if s == stage} - {"grpo", "drgrpo", "decoupled_ppo"}
+        missing = set(registry.names(stage)) - {n for s, n in used if s == stage} - ELSEWHERE
         assert not missing, f"{stage} components never trained end to end: {missing}"
 
 
