@@ -76,6 +76,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--no-trim", action="store_true", help="without the trainer's malloc_trim after each step")
     args = parser.parse_args()
     overrides = [f"budget.max_steps={args.steps}", f"eval.every={max(args.steps // 2, 1)}",
                  f"checkpoint.every={max(args.steps // 2, 1)}", "log.progress=false"]
@@ -87,6 +88,10 @@ def main() -> None:
         for name, phase in (("rollout_and_verify", "generate+verify"), ("learn", "update"),
                             ("evaluate", "eval"), ("hint_rung", "hints")):
             tr.wrap(trainer, name, phase)
+        if args.no_trim:  # the trainer's malloc_trim after every step, switched off (the before)
+            import adarl.train.trainer as trainer_module
+
+            trainer_module._LIBC = False
         tr.wrap(trainer, "train_step", "step")
         for name, phase in (("save_checkpoint", "checkpoint"), ("save_final", "final")):
             tr.wrap(loop, name, phase)

@@ -46,6 +46,28 @@ from adarl.train.teacher import Teacher
 from adarl.types import Batch, Group, Problem, Request, Span, merge
 
 
+def release_memory() -> None:
+    """Give the allocator's free pages back to the system after a step (glibc's malloc_trim; a no-op
+    elsewhere). An update's transient tensors (activations, logits chunks, gradients in flight) are
+    freed to glibc's arenas, which keep them: measured on the quickstart (bench/memory_trace.py), the
+    resident set between steps grew from 1 GB to 5.4 GB over four steps without this, and stays at
+    2.6 GB (weights, gradients, Adam moments) with it; the peak inside an update is unchanged."""
+    global _LIBC
+    if _LIBC is None:
+        try:
+            import ctypes
+
+            _LIBC = ctypes.CDLL("libc.so.6")
+            _LIBC.malloc_trim  # noqa: B018 (glibc only)
+        except (OSError, AttributeError):
+            _LIBC = False
+    if _LIBC:
+        _LIBC.malloc_trim(0)
+
+
+_LIBC = None
+
+
 class Trainer:
     def __init__(self, recipe: Recipe, run_dir: Path):
         self.recipe, self.run_dir, self.step, self.wall_offset = recipe, Path(run_dir), 0, 0.0
@@ -146,6 +168,7 @@ class Trainer:
         if self.entropy is not None:  # the sampler's ĥ: this step's statistics
             self.generator.set_entropy_stats(self.entropy.stats)
         metrics["weight_sync_s"] = time.perf_counter() - t0
+        release_memory()
         self.step += 1
         metrics["step_s"] = time.perf_counter() - t_step
         metrics["tokens_per_s"] = self.budget.step_tokens / max(metrics.get("generate_s", 0.0), 1e-9)
