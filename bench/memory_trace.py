@@ -85,13 +85,13 @@ def main() -> None:
     with Tracer() as tr, tempfile.TemporaryDirectory() as tmp:
         trainer = Trainer(load_recipe(args.recipe, overrides), Path(tmp) / "run")
         tr.phase = "run"
-        for name, phase in (("rollout_and_verify", "generate+verify"), ("learn", "update"),
-                            ("evaluate", "eval"), ("hint_rung", "hints")):
+        for name, phase in (("rollout_and_verify", "generate+verify"), ("learn", "update"), ("evaluate", "eval")):
             tr.wrap(trainer, name, phase)
-        if args.no_trim:  # the trainer's malloc_trim after every step, switched off (the before)
-            import adarl.train.trainer as trainer_module
+        import adarl.train.trainer as trainer_module
 
-            trainer_module._LIBC = False
+        tr.wrap(trainer_module, "hint_rung", "hints")
+        if args.no_trim:  # the loop's malloc_trim after every step, switched off (the before)
+            loop._LIBC = False
         tr.wrap(trainer, "train_step", "step")
         for name, phase in (("save_checkpoint", "checkpoint"), ("save_final", "final")):
             tr.wrap(loop, name, phase)

@@ -16,9 +16,11 @@ tasks/reasoning_gym.py), its `hint` column (JSONL / HF datasets), or its answer.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
-from adarl.types import Group, Problem
+import numpy as np
+
+from adarl.types import Group, Problem, Request, Span
 
 Placement = Literal["context", "prefix"]
 
@@ -60,3 +62,55 @@ def with_hint(problem: Problem, text: str) -> list[dict[str, str]]:
     last = max(i for i, m in enumerate(messages) if m["role"] == "user")
     messages[last]["content"] = f"{messages[last]['content']}\n\nHint: {text}"
     return messages
+
+
+def hint_rung(t: Any, groups: dict[str, Group], metrics: Any) -> None:
+    """The ladder's last rung (hints/): hinted rollouts for the groups where every rollout failed,
+    in the hint method's rounds; they replace their group or join it. `t`: the trainer."""
+    from adarl.models import chat_ids
+    from adarl.shaping.base import apply_shapings
+
+    if hasattr(t.hints, "accuracy"):  # ADHint: each prompt's running accuracy without hints
+        ema = {pid: float(t.store.ema_pass[t.store.index[pid]]) for pid in groups}
+        t.hints.accuracy = {pid: v for pid, v in ema.items() if not np.isnan(v)}
+    for round_ in range(t.hints.rounds):
+        plans = t.hints.plan(list(groups.values()), round_)
+        if not plans:
+            break
+        inserted = [t.tokenizer.encode(p.text, add_special_tokens=False) if p.placement == "prefix" else []
+                    for p in plans]
+        requests = [Request(p.problem.id, chat_ids(t.tokenizer, with_hint(p.problem, p.text))
+                            if p.placement == "context" else t.prompt_ids(p.problem) + ids, p.n)
+                    for p, ids in zip(plans, inserted, strict=True)]
+        result = t.rollouts.complete(requests, max_tokens=t.budget.step_tokens_left())
+        t.budget.spend(result.rollouts_started, tokens=result.tokens_spent)
+        made = {g.request.prompt_id: g for g in result.groups}
+        done, fresh = [], []
+        for plan, ids in zip(plans, inserted, strict=True):
+            if (gen := made.get(plan.problem.id)) is None:  # the budget cut every row
+                continue
+            for r in gen.rollouts:
+                if ids:  # the beginning of the answer: a hint span, never trained or counted
+                    r.spans.insert(0, Span("hint", list(ids)))
+                    r.text = t.tokenizer.decode(r.completion_ids, skip_special_tokens=True)
+                elif plan.placement == "context":  # Guide: trained as if the hint were absent
+                    r.guided = True
+            done.append(plan)
+            fresh.append(Group(plan.problem, t.prompt_ids(plan.problem), gen.rollouts, group_id=gen.group_id))
+        for key, value in t.rewards.score(fresh).items():
+            if key.startswith("reward_"):  # error counts
+                metrics.add(key, value)
+        apply_shapings(t.shapings, fresh, t.recipe.rollout.max_new_tokens, metrics)
+        t.hints.observe(done, fresh)
+        for plan, g in zip(done, fresh, strict=True):
+            if plan.replace:
+                groups[plan.problem.id] = g
+            else:
+                groups[plan.problem.id].extend(g)
+        if round_ == 0:
+            metrics.add("hints/groups", float(len(fresh)))
+        metrics.add("hints/rounds", 1.0)
+        metrics.add("hints/rollouts", float(sum(g.size for g in fresh)))
+        metrics.add("hints/tokens", float(result.tokens_spent))
+        metrics.add("hints/groups_solved", float(sum(bool(g.correct.any()) for g in fresh)))
+    metrics.update({f"hints/{k}": v for k, v in t.hints.metrics().items()})

@@ -31,6 +31,28 @@ class NonFiniteUpdates(RuntimeError):
     """Training stopped: MAX_BAD_UPDATES updates in a row had a NaN/inf loss or gradient."""
 
 
+def release_memory() -> None:
+    """Give the allocator's free pages back to the system after a step (glibc's malloc_trim; a no-op
+    elsewhere). An update's transient tensors (activations, logits chunks, gradients in flight) are
+    freed to glibc's arenas, which keep them: measured on the quickstart (bench/memory_trace.py), the
+    resident set between steps grew from 1 GB to 5.4 GB over four steps without this, and stays at
+    2.6 GB (weights, gradients, Adam moments) with it; the peak inside an update is unchanged."""
+    global _LIBC
+    if _LIBC is None:
+        try:
+            import ctypes
+
+            _LIBC = ctypes.CDLL("libc.so.6")
+            _LIBC.malloc_trim  # noqa: B018 (glibc only)
+        except (OSError, AttributeError):
+            _LIBC = False
+    if _LIBC:
+        _LIBC.malloc_trim(0)
+
+
+_LIBC = None
+
+
 def _due(t: Trainer, every: int) -> bool:
     return (every > 0 and t.step % every == 0) or t.done()
 
@@ -65,6 +87,7 @@ def run(t: Trainer, resume: bool = False, callbacks: Sequence[Any] = ()) -> dict
                       total_tokens=t.recipe.budget.max_tokens) as progress:
             while not t.done():
                 row = {"step": t.step + 1, **first, **t.train_step()}
+                release_memory()
                 first = {}
                 if _due(t, t.recipe.eval.every):
                     row.update(t.evaluate())

@@ -26,7 +26,7 @@ from adarl.allocate.base import plan_spares
 from adarl.budget import Budget, check_feasible
 from adarl.config import AdaptiveTemperature, Recipe, resolve_backend
 from adarl.evaluate import score_problems
-from adarl.hints.base import hinted, with_hint
+from adarl.hints.base import hint_rung, hinted
 from adarl.metrics.sinks import RunLogs
 from adarl.metrics.step import StepMetrics, batch_metrics
 from adarl.metrics.trackers import check_trackers
@@ -43,29 +43,7 @@ from adarl.train.checkpoint import crash_point
 from adarl.train.learner import Learner
 from adarl.train.loop import MAX_BAD_UPDATES, NonFiniteUpdates, ResumeError, run  # noqa: F401 (for users)
 from adarl.train.teacher import Teacher
-from adarl.types import Batch, Group, Problem, Request, Span, merge
-
-
-def release_memory() -> None:
-    """Give the allocator's free pages back to the system after a step (glibc's malloc_trim; a no-op
-    elsewhere). An update's transient tensors (activations, logits chunks, gradients in flight) are
-    freed to glibc's arenas, which keep them: measured on the quickstart (bench/memory_trace.py), the
-    resident set between steps grew from 1 GB to 5.4 GB over four steps without this, and stays at
-    2.6 GB (weights, gradients, Adam moments) with it; the peak inside an update is unchanged."""
-    global _LIBC
-    if _LIBC is None:
-        try:
-            import ctypes
-
-            _LIBC = ctypes.CDLL("libc.so.6")
-            _LIBC.malloc_trim  # noqa: B018 (glibc only)
-        except (OSError, AttributeError):
-            _LIBC = False
-    if _LIBC:
-        _LIBC.malloc_trim(0)
-
-
-_LIBC = None
+from adarl.types import Batch, Group, Problem, Request, merge
 
 
 class Trainer:
@@ -153,7 +131,7 @@ class Trainer:
             counts, first_stage = self.allocator.more(list(groups.values()), self.store, self.budget), False
         plain = [replace(g, rollouts=list(g.rollouts)) for g in groups.values()]  # what the selector judges by
         if self.hints is not None:
-            self.hint_rung(groups, metrics)
+            hint_rung(self, groups, metrics)
         self.last_groups = list(groups.values())
         self.climb_ladder(topped_up, metrics)
         self.selector.observe(self.store, plain)
@@ -168,7 +146,6 @@ class Trainer:
         if self.entropy is not None:  # the sampler's ĥ: this step's statistics
             self.generator.set_entropy_stats(self.entropy.stats)
         metrics["weight_sync_s"] = time.perf_counter() - t0
-        release_memory()
         self.step += 1
         metrics["step_s"] = time.perf_counter() - t_step
         metrics["tokens_per_s"] = self.budget.step_tokens / max(metrics.get("generate_s", 0.0), 1e-9)
@@ -194,54 +171,6 @@ class Trainer:
                 self.store.rung[self.store.index[g.problem.id]] = rung
         for i, name in enumerate(RUNGS):
             metrics[f"ladder/{name}"] = float(sum(r == i for r in self.last_rungs.values()))
-
-    def hint_rung(self, groups: dict[str, Group], metrics: StepMetrics) -> None:
-        """The ladder's last rung (hints/): hinted rollouts for the groups where every rollout failed,
-        in the hint method's rounds; they replace their group or join it."""
-        if hasattr(self.hints, "accuracy"):  # ADHint: each prompt's running accuracy without hints
-            ema = {pid: float(self.store.ema_pass[self.store.index[pid]]) for pid in groups}
-            self.hints.accuracy = {pid: v for pid, v in ema.items() if not np.isnan(v)}
-        for round_ in range(self.hints.rounds):
-            plans = self.hints.plan(list(groups.values()), round_)
-            if not plans:
-                break
-            inserted = [self.tokenizer.encode(p.text, add_special_tokens=False) if p.placement == "prefix" else []
-                        for p in plans]
-            requests = [Request(p.problem.id, chat_ids(self.tokenizer, with_hint(p.problem, p.text))
-                                if p.placement == "context" else self.prompt_ids(p.problem) + ids, p.n)
-                        for p, ids in zip(plans, inserted, strict=True)]
-            result = self.rollouts.complete(requests, max_tokens=self.budget.step_tokens_left())
-            self.budget.spend(result.rollouts_started, tokens=result.tokens_spent)
-            made = {g.request.prompt_id: g for g in result.groups}
-            done, fresh = [], []
-            for plan, ids in zip(plans, inserted, strict=True):
-                if (gen := made.get(plan.problem.id)) is None:  # the budget cut every row
-                    continue
-                for r in gen.rollouts:
-                    if ids:  # the beginning of the answer: a hint span, never trained or counted
-                        r.spans.insert(0, Span("hint", list(ids)))
-                        r.text = self.tokenizer.decode(r.completion_ids, skip_special_tokens=True)
-                    elif plan.placement == "context":  # Guide: trained as if the hint were absent
-                        r.guided = True
-                done.append(plan)
-                fresh.append(Group(plan.problem, self.prompt_ids(plan.problem), gen.rollouts, group_id=gen.group_id))
-            for key, value in self.rewards.score(fresh).items():
-                if key.startswith("reward_"):  # error counts
-                    metrics.add(key, value)
-            apply_shapings(self.shapings, fresh, self.recipe.rollout.max_new_tokens, metrics)
-            self.hints.observe(done, fresh)
-            for plan, g in zip(done, fresh, strict=True):
-                if plan.replace:
-                    groups[plan.problem.id] = g
-                else:
-                    groups[plan.problem.id].extend(g)
-            if round_ == 0:
-                metrics.add("hints/groups", float(len(fresh)))
-            metrics.add("hints/rounds", 1.0)
-            metrics.add("hints/rollouts", float(sum(g.size for g in fresh)))
-            metrics.add("hints/tokens", float(result.tokens_spent))
-            metrics.add("hints/groups_solved", float(sum(bool(g.correct.any()) for g in fresh)))
-        metrics.update({f"hints/{k}": v for k, v in self.hints.metrics().items()})
 
     def rollout_and_verify(self, counts: dict[str, int], problems: dict[str, Problem], groups: dict[str, Group],
                            metrics: StepMetrics, first_stage: bool = True) -> None:
