@@ -37,7 +37,7 @@ def ladder_table(results: dict[tuple[str, int], list[dict] | None], methods: lis
         def total(key: str, runs: list[list[dict]] = runs) -> float:
             return float(sum(r.get(key, 0.0) for rows in runs for r in rows))
 
-        hinted, mixed = total("hints/groups"), total("hints/groups_solved")
+        hinted, mixed = total("hints/groups"), total("hints/groups_mixed")
         rungs = " / ".join(f"{total(f'ladder/{k}'):.0f}" for k in ("plain", "more", "hinted", "distilled"))
         teacher = [max((r.get("distill/teacher_forward_tokens", 0.0) for r in rows), default=0.0)
                    / max(rows[-1].get("tokens", 1), 1) for rows in runs]

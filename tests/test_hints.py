@@ -99,6 +99,8 @@ def test_the_hint_rung_trains_end_to_end(hints, advantage, tiny_model_dir, tmp_p
     row = trainer.train_step()
     groups = trainer.last_groups
     assert row["hints/groups"] == 2  # the random tiny model fails every prompt: both groups get hints
+    mixed = sum(0 < g.correct.sum() < g.size for g in trainer.last_groups)
+    assert row["hints/groups_mixed"] == mixed and row["hints/groups_solved"] <= 2
     rollouts = [r for g in groups for r in g.rollouts]
     marked = [r for r in rollouts if r.guided or r.spans[0].role == "hint"]
     if hints["name"] == "guide":  # the guided rollouts replaced the failed ones

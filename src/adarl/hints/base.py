@@ -73,6 +73,8 @@ def hint_rung(t: Any, groups: dict[str, Group], metrics: Any) -> None:
     if hasattr(t.hints, "accuracy"):  # ADHint: each prompt's running accuracy without hints
         ema = {pid: float(t.store.ema_pass[t.store.index[pid]]) for pid in groups}
         t.hints.accuracy = {pid: v for pid, v in ema.items() if not np.isnan(v)}
+    solved: set[str] = set()  # problems a hinted rollout solved, in any round
+    hinted_ids: set[str] = set()
     for round_ in range(t.hints.rounds):
         plans = t.hints.plan(list(groups.values()), round_)
         if not plans:
@@ -112,5 +114,10 @@ def hint_rung(t: Any, groups: dict[str, Group], metrics: Any) -> None:
         metrics.add("hints/rounds", 1.0)
         metrics.add("hints/rollouts", float(sum(g.size for g in fresh)))
         metrics.add("hints/tokens", float(result.tokens_spent))
-        metrics.add("hints/groups_solved", float(sum(bool(g.correct.any()) for g in fresh)))
+        solved |= {g.problem.id for g in fresh if g.correct.any()}
+        hinted_ids |= {g.problem.id for g in fresh}
+    metrics.add("hints/groups_solved", float(len(solved)))  # a hinted rollout was right
+    # the group that trains has both outcomes: a gradient where the plain group had none
+    metrics.add("hints/groups_mixed", float(sum(0 < groups[pid].correct.sum() < groups[pid].size
+                                                for pid in hinted_ids)))
     metrics.update({f"hints/{k}": v for k, v in t.hints.metrics().items()})
