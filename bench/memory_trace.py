@@ -76,7 +76,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--out", default=None)
-    parser.add_argument("--no-trim", action="store_true", help="without the trainer's malloc_trim after each step")
+    parser.add_argument("--no-trim", action="store_true", help="without the loop's malloc_trim after each step")
     args = parser.parse_args()
     overrides = [f"budget.max_steps={args.steps}", f"eval.every={max(args.steps // 2, 1)}",
                  f"checkpoint.every={max(args.steps // 2, 1)}", "log.progress=false"]
@@ -91,7 +91,7 @@ def main() -> None:
 
         tr.wrap(trainer_module, "hint_rung", "hints")
         if args.no_trim:  # the loop's malloc_trim after every step, switched off (the before)
-            loop._LIBC = False
+            loop.release_memory = lambda: None
         tr.wrap(trainer, "train_step", "step")
         for name, phase in (("save_checkpoint", "checkpoint"), ("save_final", "final")):
             tr.wrap(loop, name, phase)

@@ -240,6 +240,9 @@ class AgentConfig(Section):
     purify: bool = False  # CLEANER: drop a failed tool step that a successful one directly corrects
 
 
+TokenCount = Annotated[int, Field(gt=0, le=1_000_000)]  # a number of tokens, in a list
+
+
 class EptreeBranching(Section):
     """TreeRL's entropy-guided tree: fork each chain at its highest-entropy tokens (rollout/branching.py)."""
 
@@ -255,18 +258,11 @@ class LatrBranching(Section):
     policy: Literal["latr"]
     abs_threshold: float = Field(0.15, ge=0.0, lt=1.0)  # p(candidate) must exceed it
     rel_threshold: float = Field(0.25, gt=0.0, le=1.0)  # p(top-1) − p(candidate) must stay below it
-    lookahead: list[int] = Field([20, 30, 50], min_length=1)  # tokens after birth at which a child is compared
+    lookahead: list[TokenCount] = Field([20, 30, 50], min_length=1)  # tokens after birth at which a child is compared
     suffix_threshold: float = Field(0.2, ge=0.0, le=1.0)  # prune: common suffix over r above it
     rouge_threshold: float = Field(0.5, ge=0.0, le=1.0)  # prune: ROUGE-L above it
     mix_schedule: dict[int, float] = {0: 1.0, 100: 0.75, 200: 0.5, 300: 0.25}  # training step -> tree share η
     max_waves: int = Field(8, gt=0, le=1024)  # rounds of branching after prunes free slots
-
-    @field_validator("lookahead")
-    @classmethod
-    def _positive(cls, v: list[int]) -> list[int]:
-        if any(r <= 0 for r in v):
-            raise ValueError("lookahead distances are token counts > 0")
-        return v
 
     @field_validator("mix_schedule")
     @classmethod
@@ -299,15 +295,8 @@ BranchingConfig = Annotated[EptreeBranching | LatrBranching | TreepoBranching, F
 class BudgetSentencesConfig(Section):
     """HBPO's budget subgroups (rollout/hbpo.py): each subgroup's answers begin with its budget sentence."""
 
-    budgets: list[int] = Field([512, 1024, 2048, 2560], min_length=1, max_length=64)
+    budgets: list[TokenCount] = Field([512, 1024, 2048, 2560], min_length=1, max_length=64)
     template: str = "I will answer the question within {b} tokens. "
-
-    @field_validator("budgets")
-    @classmethod
-    def _positive(cls, v: list[int]) -> list[int]:
-        if any(b <= 0 for b in v):
-            raise ValueError("budgets are token counts > 0")
-        return v
 
     @field_validator("template")
     @classmethod

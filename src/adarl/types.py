@@ -30,6 +30,19 @@ class Problem:
         """The prompt as chat messages (a plain-text prompt is one user message)."""
         return self.prompt if isinstance(self.prompt, list) else [{"role": "user", "content": self.prompt}]
 
+    def info(self, name: str) -> str | None:
+        """The problem's answer (`name` "answer") or its column `name` as text; None when absent or blank
+        (a hint's or a teacher's privileged text: hints/, train/teacher.py)."""
+        value = self.answer if name == "answer" else self.columns.get(name)
+        return None if value is None or str(value).strip() == "" else str(value)
+
+    def with_note(self, note: str) -> list[dict[str, str]]:
+        """The chat with `note` appended to its last user message (a hint, privileged context)."""
+        messages = [dict(m) for m in self.messages]
+        last = max(i for i, m in enumerate(messages) if m["role"] == "user")
+        messages[last]["content"] = f"{messages[last]['content']}\n\n{note}"
+        return messages
+
 
 @dataclass
 class Request:
@@ -162,6 +175,11 @@ class Rollout:
 
     def __len__(self) -> int:
         return sum(len(s) for s in self.spans if s.sampled)
+
+    @property
+    def opens_with_hint(self) -> bool:
+        """Its answer begins with an inserted hint (SEELE, ADHint: a `hint` span first)."""
+        return bool(self.spans) and self.spans[0].role == "hint"
 
     def state_dict(self, seen: dict[int, int] | None = None) -> dict[str, Any]:
         """Plain data. Pass one `seen` dict for several rollouts: a span already written by an

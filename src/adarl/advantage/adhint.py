@@ -29,7 +29,7 @@ class AdHintAdvantage:
         adv = np.zeros(len(rewards))
         rollouts = batch.rollouts
         for g, start in zip(batch.groups, group_segments(batch.group_sizes), strict=True):
-            hinted = np.array([bool(r.spans) and r.spans[0].role == "hint" for r in rollouts[start:start + g.size]])
+            hinted = np.array([r.opens_with_hint for r in rollouts[start:start + g.size]])
             correct = g.correct if g.correct is not None else np.zeros(g.size)
             parts = [hinted, ~hinted] if hinted.any() else [~hinted]
             for part in parts:

@@ -18,7 +18,7 @@ from typing import Literal
 from pydantic import Field
 from pydantic.dataclasses import dataclass
 
-from adarl.hints.base import HintPlan, all_failed, hint_source, prefix_of
+from adarl.hints.base import HintPlan, all_failed, prefix_of
 from adarl.registry import STRICT, register
 from adarl.types import Group
 
@@ -37,7 +37,7 @@ class AdHint:
     def plan(self, groups: list[Group], round_: int) -> list[HintPlan]:
         out = []
         for g in groups:
-            text = hint_source(g.problem, self.source)
+            text = g.problem.info(self.source)
             if all_failed(g) and text is not None:
                 lam = self.max_ratio * (1.0 - self.accuracy.get(g.problem.id, 0.0))
                 out.append(HintPlan(g.problem, g.size, prefix_of(text, lam), "prefix", replace=False, ratio=lam))

@@ -10,7 +10,7 @@ them, hands the verified groups back (`observe`, for methods that adapt over rou
 replaces the failed group with them or adds them to it.
 
 Hint sources (`source`): the problem's `solution` column (reasoning-gym arithmetic tasks get one:
-tasks/reasoning_gym.py), its `hint` column (JSONL / HF datasets), or its answer.
+tasks/reasoning_gym.py), its `hint` column (JSONL / HF datasets), or its answer (`Problem.info`).
 """
 
 from __future__ import annotations
@@ -35,33 +35,19 @@ class HintPlan:
     ratio: float = 1.0  # the fraction of the hint source it holds (SEELE, ADHint)
 
 
-def hint_source(problem: Problem, source: str) -> str | None:
-    """The problem's hint text from `source` (solution, hint, answer); None when it has none."""
-    value = problem.answer if source == "answer" else problem.columns.get(source)
-    return None if value is None or str(value).strip() == "" else str(value)
-
-
 def all_failed(group: Group) -> bool:
     """Every rollout of the group was judged incorrect (and none of them was hinted)."""
     return group.correct is not None and group.size > 0 and not group.correct.any() and not hinted(group)
 
 
 def hinted(group: Group) -> bool:
-    return any(r.guided or (r.spans and r.spans[0].role == "hint") for r in group.rollouts)
+    return any(r.guided or r.opens_with_hint for r in group.rollouts)
 
 
 def prefix_of(text: str, ratio: float) -> str:
     """The first `ratio` of the hint's words (SEELE and ADHint give a fraction of a worked solution)."""
     words = text.split(" ")
     return " ".join(words[: round(ratio * len(words))])
-
-
-def with_hint(problem: Problem, text: str) -> list[dict[str, str]]:
-    """The problem's chat with the hint appended to its last user message (Guide's context)."""
-    messages = [dict(m) for m in problem.messages]
-    last = max(i for i, m in enumerate(messages) if m["role"] == "user")
-    messages[last]["content"] = f"{messages[last]['content']}\n\nHint: {text}"
-    return messages
 
 
 def hint_rung(t: Any, groups: dict[str, Group], metrics: Any) -> None:
@@ -81,7 +67,7 @@ def hint_rung(t: Any, groups: dict[str, Group], metrics: Any) -> None:
             break
         inserted = [t.tokenizer.encode(p.text, add_special_tokens=False) if p.placement == "prefix" else []
                     for p in plans]
-        requests = [Request(p.problem.id, chat_ids(t.tokenizer, with_hint(p.problem, p.text))
+        requests = [Request(p.problem.id, chat_ids(t.tokenizer, p.problem.with_note(f"Hint: {p.text}"))
                             if p.placement == "context" else t.prompt_ids(p.problem) + ids, p.n)
                     for p, ids in zip(plans, inserted, strict=True)]
         result = t.rollouts.complete(requests, max_tokens=t.budget.step_tokens_left())

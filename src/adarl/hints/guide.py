@@ -17,7 +17,7 @@ from typing import Literal
 
 from pydantic.dataclasses import dataclass
 
-from adarl.hints.base import HintPlan, all_failed, hint_source
+from adarl.hints.base import HintPlan, all_failed
 from adarl.registry import STRICT, register
 from adarl.types import Group
 
@@ -32,7 +32,7 @@ class Guide:
 
     def plan(self, groups: list[Group], round_: int) -> list[HintPlan]:
         return [HintPlan(g.problem, g.size, text, "context", self.replace) for g in groups
-                if all_failed(g) and (text := hint_source(g.problem, self.source)) is not None]
+                if all_failed(g) and (text := g.problem.info(self.source)) is not None]
 
     def observe(self, plans: list[HintPlan], groups: list[Group]) -> None:
         pass

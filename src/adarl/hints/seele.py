@@ -25,7 +25,7 @@ import numpy as np
 from pydantic import Field
 from pydantic.dataclasses import dataclass
 
-from adarl.hints.base import HintPlan, all_failed, hint_source, prefix_of
+from adarl.hints.base import HintPlan, all_failed, prefix_of
 from adarl.registry import STRICT, register
 from adarl.types import Group
 
@@ -75,7 +75,7 @@ class Seele:
             self.points = {g.problem.id: [(0.0, 0, g.size)] for g in groups if all_failed(g)}
         out = []
         for g in groups:
-            text = hint_source(g.problem, self.source)
+            text = g.problem.info(self.source)
             if g.problem.id not in self.points or text is None or round_ >= self.rounds:
                 continue
             lam = self.ratio(g.problem.id)

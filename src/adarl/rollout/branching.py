@@ -130,9 +130,9 @@ class TreeGenerator:
         budget; once it is spent, rows come back empty and "partial" (never scored)."""
         if not requests:
             return []
-        if self._left is not None and self._left - self._spent <= 0:
-            return [Rollout(r.prompt_id, finish_reason="partial", spans=[]) for r in requests for _ in range(r.n)]
         left = None if self._left is None else self._left - self._spent
+        if left is not None and left <= 0:
+            return [Rollout(r.prompt_id, finish_reason="partial", spans=[]) for r in requests for _ in range(r.n)]
         out = self.generator.generate(requests, max_new_tokens=max_new_tokens, max_tokens=left)
         self._spent += sum(len(r) for r in out)
         for r in out:
@@ -156,13 +156,13 @@ class TreeGenerator:
         texts = self.generator.tokenizer.batch_decode([r.completion_ids for r in out], skip_special_tokens=True)
         for r, text in zip(out, texts, strict=True):
             r.text = text
-        self.last_discarded_tokens = self._spent - sampled_tokens(out)
-        self._measure(trees)
+        stored = sampled_tokens(out)  # a shared prefix once
+        self.last_discarded_tokens = self._spent - stored
+        self._measure(trees, stored)
         return out
 
-    def _measure(self, trees: list[list[Rollout]]) -> None:
+    def _measure(self, trees: list[list[Rollout]], stored: int) -> None:
         leaves = [r for t in trees for r in t]
-        stored = sampled_tokens(leaves)  # a shared prefix once
         per_leaf = sum(len(r) for r in leaves)
         owners = [shared_span_owners(t) for t in trees]
         self._metrics = {

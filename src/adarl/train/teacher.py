@@ -30,15 +30,8 @@ PRIVILEGED = {"answer": "The correct final answer is: {}", "hint": "Hint: {}", "
 def privileged_messages(problem: Problem, context: str) -> list[dict[str, str]]:
     """The problem's chat with the privileged `context` appended to its last user message; the plain
     chat for `none`. A problem without that information is asked plainly (the teacher knows no more)."""
-    messages = [dict(m) for m in problem.messages]
-    if context == "none":
-        return messages
-    value = problem.answer if context == "answer" else problem.columns.get(context)
-    if value is None or str(value) == "":
-        return messages
-    last = max(i for i, m in enumerate(messages) if m["role"] == "user")
-    messages[last]["content"] = f"{messages[last]['content']}\n\n{PRIVILEGED[context].format(value)}"
-    return messages
+    value = None if context == "none" else problem.info(context)
+    return problem.messages if value is None else problem.with_note(PRIVILEGED[context].format(value))
 
 
 class Teacher:
