@@ -13,6 +13,7 @@ Input is checked as the CLI checks it, with the same messages: a bad recipe or o
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,10 @@ def check_run(recipe: Recipe, run_dir: Path, resume: bool) -> None:
         if r.type == "callable" and r.function:
             validate_callable(r.function)
     require_backend(recipe.rollout.backend)
+    if recipe.cluster.backend == "ray" and importlib.util.find_spec("ray") is None:
+        from adarl.cluster import RAY_MISSING
+
+        raise RecipeError(RAY_MISSING)
 
 
 def train(recipe: str | Path | dict[str, Any] | Recipe, run_dir: str | Path | None = None, *,

@@ -366,6 +366,30 @@ class RolloutConfig(Section):
         return self
 
 
+class WorkerResources(Section):
+    """What one rollout worker reserves on its node (one placement-group bundle)."""
+
+    num_cpus: float = Field(1.0, ge=0.0, le=1024.0)
+    num_gpus: float = Field(0.0, ge=0.0, le=64.0)
+    threads: int | None = Field(None, gt=0, le=1024)  # torch threads in the worker; None: max(1, num_cpus)
+
+
+class ClusterConfig(Section):
+    """Where rollouts are generated (cluster/ray_pool.py): in this process, or on Ray rollout workers."""
+
+    backend: Literal["local", "ray"] = "local"
+    # ray: None starts a private Ray on this machine (loopback only); "auto" joins the cluster `ray start`
+    # made; "ray://host:10001" a remote head
+    address: str | None = Field(None, max_length=1000)
+    workers: int = Field(1, gt=0, le=4096)
+    resources: WorkerResources = WorkerResources()
+    placement: Literal["PACK", "SPREAD"] = "PACK"  # the placement group's strategy over nodes
+    round_tokens: int = Field(32, gt=0, le=1_000_000)  # partial/async: decoding steps between stop checks
+    check_every_s: float = Field(60.0, gt=0, le=MAX_SECONDS)  # a call this long without results: check workers
+    health_timeout_s: float = Field(60.0, gt=0, le=MAX_SECONDS)  # a health check's tiny generation must answer
+    max_replacements: int = Field(8, ge=0, le=1_000_000)  # per run; past it the run stops with the cause
+
+
 class BudgetConfig(Section):
     max_steps: int | None = Field(20, gt=0)
     max_tokens: int | None = Field(None, gt=0)  # stop once this many tokens were generated
@@ -490,6 +514,7 @@ class Recipe(Section):
     reward_workers: int = Field(2, gt=0, le=1024)
     reward_timeout_s: float = Field(10.0, gt=0, le=MAX_SECONDS)
     rollout: RolloutConfig = RolloutConfig()
+    cluster: ClusterConfig = ClusterConfig()  # rollout workers: in-process (local) or Ray actors
     budget: BudgetConfig = BudgetConfig()
     select: dict[str, Any] = {"name": "uniform"}
     allocate: dict[str, Any] = {"name": "fixed", "n": 8}

@@ -15,7 +15,8 @@ import numpy as np
 from adarl.types import Batch, Group
 
 # wall-clock keys of a metrics row: the only ones that differ between two identical runs
-TIMING_KEYS = ("generate_s", "verify_s", "train_s", "weight_sync_s", "eval_s", "step_s", "tokens_per_s", "wall_s")
+TIMING_KEYS = ("generate_s", "verify_s", "train_s", "weight_sync_s", "eval_s", "step_s", "tokens_per_s", "wall_s",
+               "cluster/broadcast_s")
 
 
 class StepMetrics(dict[str, Any]):

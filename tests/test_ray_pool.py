@@ -1,0 +1,230 @@
+"""Rollout workers on a real local Ray cluster (cluster/ray_pool.py), on this machine's 2 CPUs, loopback only.
+
+What must hold: the pool samples the in-process generator's tokens (keys are drawn in the driver and
+sampling is keyed per row); a weight broadcast reaches every worker with its version; a worker
+SIGKILLed mid-call or SIGSTOPped (hung) is replaced and its requests re-issued, so the call returns
+exactly what a fault-free call returns; a trainer on the pool sees the in-process trainer's groups; a
+run SIGKILLed mid-step resumes on the pool to the uninterrupted run's weights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'adarl[ray]')")
+
+from adarl.cluster.ray_pool import RayRolloutPool  # noqa: E402
+from adarl.config import ClusterConfig, ModelConfig, RolloutConfig, load_recipe  # noqa: E402
+from adarl.models import load_model  # noqa: E402
+from adarl.rollout.hf import HfGenerator  # noqa: E402
+from adarl.train.trainer import Trainer  # noqa: E402
+from adarl.types import Request  # noqa: E402
+from test_resume_components import rows  # noqa: E402
+from test_train import recipe_data, tests_on_path, write_task  # noqa: E402,F401
+
+ROOT = Path(__file__).resolve().parents[1]
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """One private Ray for the module's pools (each pool would otherwise start and stop its own)."""
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture
+def model(tiny_model_dir):
+    return load_model(ModelConfig(path=str(tiny_model_dir), threads=1), for_training=True)
+
+
+def requests(tok, n_prompts=6, n=3):
+    return [Request(f"p{i}", tok.encode(f"Say {i} and {i * 7}"), n) for i in range(n_prompts)]
+
+
+def pool_of(model, cfg, workers=2, **cluster):
+    return RayRolloutPool(*model, cfg, ClusterConfig(backend="ray", workers=workers, **cluster), seed=11)
+
+
+def assert_same_rollouts(ours, theirs, prefix_only=False):
+    assert len(ours) == len(theirs)
+    for a, b in zip(ours, theirs, strict=True):
+        assert a.prompt_id == b.prompt_id
+        if prefix_only:  # a call stopped early returns the start of the straight rollout
+            assert b.completion_ids[: len(a)] == a.completion_ids
+            b_lp = b.logprobs[: len(a)]
+        else:
+            assert a.completion_ids == b.completion_ids and a.finish_reason == b.finish_reason
+            b_lp = b.logprobs
+        np.testing.assert_allclose(a.logprobs, b_lp, atol=1e-5)  # batch composition moves float rounding only
+
+
+def test_pool_samples_the_in_process_tokens_whole_and_in_rounds(local_ray, model):
+    cfg = RolloutConfig(backend="hf", max_new_tokens=20, max_batch=4)
+    straight = HfGenerator(*model, cfg, seed=11).generate(requests(model[1]))
+    pool = pool_of(model, cfg, round_tokens=3)
+    try:
+        assert_same_rollouts(pool.generate(requests(model[1])), straight)
+        # rounds of 3 decoding steps, every unfinished row continued from prompt + its tokens: the same rollouts
+        pool.rng.set_state({"seed": 11, "calls": 0})
+        calls = []
+        assert_same_rollouts(pool.generate(requests(model[1]), stop_when=lambda p: calls.append(p.tokens) and False),
+                             straight)
+        assert len(calls) >= 20 // 3  # stop_when was asked between rounds, not once
+        # stopped once 2 groups are complete: those 2 are whole, the rest are the start of theirs
+        pool.rng.set_state({"seed": 11, "calls": 0})
+        early = pool.generate(requests(model[1]), stop_when=lambda p: p.groups_finished >= 2)
+        assert_same_rollouts(early, straight, prefix_only=True)
+        done = [all(r.finish_reason != "partial" for r in early[i * 3:(i + 1) * 3]) for i in range(6)]
+        assert sum(done) >= 2 and any(r.finish_reason == "partial" for r in early)
+        assert sum(len(r) for r in early) < sum(len(r) for r in straight)
+        # greedy decoding (evaluation) draws no keys and moves no stream
+        state = pool.rng.get_state()
+        assert_same_rollouts(pool.generate(requests(model[1]), greedy=True),
+                             HfGenerator(*model, cfg).generate(requests(model[1]), greedy=True))
+        assert pool.rng.get_state() == state
+    finally:
+        pool.close()
+
+
+def test_token_budget_is_shared_and_never_passed(local_ray, model):
+    cfg = RolloutConfig(backend="hf", max_new_tokens=20, max_batch=8)
+    pool = pool_of(model, cfg)
+    try:
+        out = pool.generate(requests(model[1]), max_tokens=100)
+        assert 0 < sum(len(r) for r in out) <= 100
+        assert any(r.finish_reason == "partial" for r in out)
+    finally:
+        pool.close()
+
+
+def test_weight_broadcast_reaches_every_worker_with_its_version(local_ray, model):
+    cfg = RolloutConfig(backend="hf", max_new_tokens=12)
+    pool = pool_of(model, cfg)
+    try:
+        before = pool.generate(requests(model[1]), greedy=True)
+        with torch.no_grad():
+            for p in model[0].parameters():
+                p.mul_(1.5)  # an "update" that changes what greedy decoding writes
+        pool.update_weights()
+        after = pool.generate(requests(model[1]), greedy=True)
+        expected = HfGenerator(*model, cfg).generate(requests(model[1]), greedy=True)
+        assert_same_rollouts(after, expected)
+        assert [r.completion_ids for r in after] != [r.completion_ids for r in before]
+        assert pool.policy_version == 1 and all(r.token_versions == [1] * len(r) for r in after)
+        m = pool.pool_metrics()
+        assert m["cluster/broadcast_mb"] > 0 and m["cluster/workers"] == 2
+    finally:
+        pool.close()
+
+
+def test_a_worker_killed_mid_call_is_replaced_and_nothing_is_lost(local_ray, model):
+    # 64 rows of up to 400 tokens: a worker's 32 rows take a few hundred decoding steps (the longest of 32
+    # geometric lengths), so the kill lands inside the call
+    cfg = RolloutConfig(backend="hf", max_new_tokens=400, max_batch=32)
+    long = [Request(f"q{i}", model[1].encode(f"Count {i}"), 8) for i in range(8)]
+    straight = HfGenerator(*model, cfg, seed=11).generate(long)
+    pool = pool_of(model, cfg)
+    try:
+        victim = pool.worker_pids()[0]
+
+        def kill_when_busy():
+            deadline = time.perf_counter() + 60
+            while not pool._progress(0) and time.perf_counter() < deadline:  # until worker 0 is decoding
+                time.sleep(0.02)
+            os.kill(victim, signal.SIGKILL)
+
+        killer = threading.Thread(target=kill_when_busy)
+        killer.start()
+        out = pool.generate(long)
+        killer.join()
+        assert_same_rollouts(out, straight)
+        m = pool.pool_metrics()
+        assert m["cluster/workers_lost"] == 1 and m["cluster/workers_replaced"] == 1
+        assert m["cluster/requests_reissued"] >= 1
+        assert victim not in pool.worker_pids()
+    finally:
+        pool.close()
+
+
+def test_a_hung_worker_fails_its_health_check_and_is_replaced(local_ray, model):
+    cfg = RolloutConfig(backend="hf", max_new_tokens=16)
+    straight = HfGenerator(*model, cfg, seed=11).generate(requests(model[1]))
+    pool = pool_of(model, cfg, check_every_s=1.0, health_timeout_s=3.0)
+    try:
+        hung = pool.worker_pids()[1]
+        os.kill(hung, signal.SIGSTOP)  # alive to the OS, answers nothing
+        out = pool.generate(requests(model[1]))
+        assert_same_rollouts(out, straight)
+        m = pool.pool_metrics()
+        assert m["cluster/workers_replaced"] == 1 and m["cluster/health_checks_failed"] >= 1
+        assert hung not in pool.worker_pids()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(hung, signal.SIGKILL)
+        pool.close()
+
+
+def _recipe(model_dir, task, **over):
+    return recipe_data(model_dir, task, budget={"max_steps": 4, "prompts_per_step": 3}, checkpoint={"every": 2},
+                       log={"tensorboard": False, "progress": False}, **over)
+
+
+RAY = {"cluster": {"backend": "ray", "workers": 2}}
+
+
+@pytest.mark.usefixtures("local_ray", "tests_on_path")
+def test_a_trainer_on_the_pool_trains_on_the_in_process_groups(tiny_model_dir, tmp_path):
+    task = write_task(tmp_path)
+    local = Trainer(load_recipe(data=_recipe(tiny_model_dir, task)), tmp_path / "local")
+    pooled = Trainer(load_recipe(data=_recipe(tiny_model_dir, task, **RAY)), tmp_path / "ray")
+    try:
+        for _ in range(3):
+            a, b = local.train_step(), pooled.train_step()
+            assert [[r.completion_ids for r in g.rollouts] for g in local.last_groups] == \
+                   [[r.completion_ids for r in g.rollouts] for g in pooled.last_groups]
+            assert a["reward"] == b["reward"] and a["tokens"] == b["tokens"]
+            assert b["cluster/workers"] == 2 and b["cluster/workers_lost"] == 0
+        for p, q in zip(local.model.parameters(), pooled.model.parameters(), strict=True):
+            torch.testing.assert_close(p, q, atol=1e-4, rtol=0)  # behaviour log-probs differ in rounding only
+    finally:
+        pooled.generator.close()
+
+
+@pytest.mark.usefixtures("local_ray", "tests_on_path")
+def test_a_run_killed_mid_step_resumes_on_the_pool(tiny_model_dir, tmp_path):
+    tests = Path(__file__).parent
+    task = write_task(tmp_path)
+    straight = Trainer(load_recipe(data=_recipe(tiny_model_dir, task, **RAY)), tmp_path / "straight")
+    try:
+        straight.run()
+    finally:
+        straight.generator.close()
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(_recipe(tiny_model_dir, task, **RAY)))
+    env = {**os.environ, "PYTHONPATH": str(tests), "OMP_NUM_THREADS": "1", "ADARL_TEST_KILL": "generate@3+0.2"}
+    killed = subprocess.run([sys.executable, "-m", "adarl.cli", "train", str(recipe), "--run-dir",
+                             str(tmp_path / "split")], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, timeout=300)
+    assert killed.returncode == -9, killed.stdout  # SIGKILLed inside step 3's generation, on the pool
+    resumed = Trainer(load_recipe(tmp_path / "split" / "config.yaml"), tmp_path / "split")
+    try:
+        resumed.run(resume=True)
+    finally:
+        resumed.generator.close()
+    for (name, a), b in zip(straight.model.named_parameters(), resumed.model.parameters(), strict=True):
+        assert torch.equal(a, b), name
+    assert rows(tmp_path / "straight") == rows(tmp_path / "split")
