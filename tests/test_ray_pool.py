@@ -228,3 +228,32 @@ def test_a_run_killed_mid_step_resumes_on_the_pool(tiny_model_dir, tmp_path):
     for (name, a), b in zip(straight.model.named_parameters(), resumed.model.parameters(), strict=True):
         assert torch.equal(a, b), name
     assert rows(tmp_path / "straight") == rows(tmp_path / "split")
+
+
+@pytest.mark.usefixtures("local_ray", "tests_on_path")
+@pytest.mark.parametrize("rollout", [
+    {"scheduler": {"mode": "partial", "over_provision": 2.0}},
+    {"scheduler": {"mode": "async", "eta": 1, "over_provision": 2.0}},
+    {"agent": {"max_turns": 2}},
+], ids=["partial", "async", "agent"])
+def test_every_scheduler_mode_and_the_agent_loop_run_on_the_pool(rollout, tiny_model_dir, tmp_path):
+    data = _recipe(tiny_model_dir, write_task(tmp_path), loss={"name": "decoupled_ppo"},
+                   rollout={"temperature": 1.0, "max_new_tokens": 24, **rollout},
+                   cluster={"backend": "ray", "workers": 2, "round_tokens": 4})
+    data["budget"]["max_steps"] = 3
+    trainer = Trainer(load_recipe(data=data), tmp_path / "run")
+    try:
+        out = [trainer.train_step() for _ in range(3)]
+    finally:
+        trainer.rollouts.close()
+        trainer.generator.close()
+    assert all(r["groups"] == 3 and r["cluster/workers_lost"] == 0 for r in out)
+    # each step pays for the tokens that reached it: the budget equals what the scheduler reported
+    assert [r["step_tokens"] for r in out] == [r["rollout/tokens_generated"] for r in out]
+    if "async" in str(rollout):
+        assert all(r["rollout/staleness_max"] <= 1 for r in out)  # η holds across workers
+        assert max(r["rollout/staleness_max"] for r in out) == 1  # the thread ran ahead: older tokens trained
+    if "partial" in str(rollout):
+        assert sum(r["rollout/tokens_reused"] for r in out) > 0  # rows paused in one step finished in a later one
+    versions = {v for g in trainer.last_groups for r in g.rollouts for v in r.token_versions}
+    assert versions <= {0, 1, 2} and max(versions) >= 1  # stamped by the workers with the weights they held
