@@ -143,7 +143,7 @@ def test_a_worker_killed_mid_call_is_replaced_and_nothing_is_lost(local_ray, mod
 
         def kill_when_busy():
             deadline = time.perf_counter() + 60
-            while not pool._progress(0) and time.perf_counter() < deadline:  # until worker 0 is decoding
+            while not pool._beats().get(0) and time.perf_counter() < deadline:  # until worker 0 is decoding
                 time.sleep(0.02)
             os.kill(victim, signal.SIGKILL)
 
@@ -170,7 +170,7 @@ def test_a_hung_worker_fails_its_health_check_and_is_replaced(local_ray, model):
         out = pool.generate(requests(model[1]))
         assert_same_rollouts(out, straight)
         m = pool.pool_metrics()
-        assert m["cluster/workers_replaced"] == 1 and m["cluster/health_checks_failed"] >= 1
+        assert m["cluster/workers_replaced"] == 1 and m["cluster/health_checks_failed"] == 1
         assert hung not in pool.worker_pids()
     finally:
         with contextlib.suppress(ProcessLookupError):
@@ -257,3 +257,64 @@ def test_every_scheduler_mode_and_the_agent_loop_run_on_the_pool(rollout, tiny_m
         assert sum(r["rollout/tokens_reused"] for r in out) > 0  # rows paused in one step finished in a later one
     versions = {v for g in trainer.last_groups for r in g.rollouts for v in r.token_versions}
     assert versions <= {0, 1, 2} and max(versions) >= 1  # stamped by the workers with the weights they held
+
+
+@pytest.mark.usefixtures("local_ray", "tests_on_path")
+def test_sapo_trainers_train_on_each_others_groups_scored_by_themselves(tiny_model_dir, tmp_path):
+    data = _recipe(tiny_model_dir, write_task(tmp_path), loss={"name": "decoupled_ppo"},
+                   cluster={"sapo": {"swarm": "pair", "share": 1.0, "take": 2}})
+    a = Trainer(load_recipe(data={**data, "seed": 1}), tmp_path / "a")
+    b = Trainer(load_recipe(data={**data, "seed": 2}), tmp_path / "b")
+    trained = []
+    update = b.learner.update
+    b.learner.update = lambda batch, weights=None: trained.append(batch) or update(batch, weights)
+    try:
+        ra = a.train_step()
+        assert ra["sapo/published"] == 3 and ra["sapo/taken"] == 0  # nobody had published yet
+        rb = b.train_step()
+        assert rb["sapo/published"] == 3 and rb["sapo/taken"] == 2 and rb["sapo/rejected"] == 0
+        foreign = trained[0].groups[-2:]  # the newest two of A's groups, after B's own three
+        assert [[r.completion_ids for r in g.rollouts] for g in foreign] == \
+               [[r.completion_ids for r in g.rollouts] for g in reversed(a.last_groups[-2:])]
+        for g in foreign:  # scored by B's own reward on the decoded tokens: the share of 'a' characters
+            texts = [b.tokenizer.decode(r.completion_ids, skip_special_tokens=True) for r in g.rollouts]
+            np.testing.assert_allclose(g.reward, [t.count("a") / max(len(t), 1) for t in texts])
+        # B's budget paid for its own tokens only; its difficulty store saw only its own prompts
+        assert rb["step_tokens"] == sum(len(r) for g in b.last_groups for r in g.rollouts)
+        assert b.store.state_dict() is not None and len(b.last_groups) == 3
+        ra2 = a.train_step()
+        assert ra2["sapo/taken"] == 2  # and A now trains on B's
+    finally:
+        a.swarm.close()
+        b.swarm.close()
+
+
+@pytest.mark.usefixtures("local_ray")
+def test_sapo_rejects_malformed_foreign_groups_and_never_trusts_their_text(model):
+    from adarl.cluster.sapo import Swarm, _payload
+    from adarl.config import RewardConfig, SapoConfig
+    from adarl.rewards import Rewards
+    from adarl.types import Group, Problem, Rollout
+
+    tok = model[1]
+    sender = Swarm(SapoConfig(swarm="hostile", take=0), tok, max_new_tokens=8)
+    receiver = Swarm(SapoConfig(swarm="hostile", take=10), tok, max_new_tokens=8)
+    a_id, b_id = tok.convert_tokens_to_ids("a"), tok.convert_tokens_to_ids("b")
+    liar = Rollout("q", [b_id, b_id], [-1.0, -1.0], "stop", text="aaaa")  # its text claims what its tokens are not
+    groups = [
+        Group(Problem("q", "say a", "a"), [a_id], [liar]),
+        Group(Problem("q", "say a", "a"), [a_id], [Rollout("q", [len(tok) + 5], [-1.0], "stop")]),  # not a token
+        Group(Problem("q", "say a", "a"), [a_id], [Rollout("q", [a_id], [0.5], "stop")]),  # log-prob > 0
+        Group(Problem("q", "say a", "a"), [a_id], [Rollout("q", [a_id] * 9, [-1.0] * 9, "stop")]),  # too long
+    ]
+    ray.get(sender.queue.publish.remote(sender.node, sender.vocab, [_payload(g) for g in groups]))
+    ray.get(sender.queue.publish.remote(sender.node, "another-vocabulary", [_payload(groups[0])]))
+    rewards = Rewards([RewardConfig(type="callable", function="e2e_rewards:fraction_of_a")], workers=1)
+    try:
+        sys.path.insert(0, str(Path(__file__).parent))
+        foreign, m = receiver.exchange([], rewards)
+    finally:
+        rewards.close()
+        sys.path.remove(str(Path(__file__).parent))
+    assert m["sapo/taken"] == 1 and m["sapo/rejected"] == 4
+    assert foreign[0].rollouts[0].text == "bb" and foreign[0].reward.tolist() == [0.0]  # scored on "bb", not "aaaa"

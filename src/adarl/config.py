@@ -374,6 +374,15 @@ class WorkerResources(Section):
     threads: int | None = Field(None, gt=0, le=1024)  # torch threads in the worker; None: max(1, num_cpus)
 
 
+class SapoConfig(Section):
+    """SAPO experience sharing (cluster/sapo.py): trainers publish verified groups and train on each other's."""
+
+    swarm: str = Field("default", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")  # trainers of one swarm share
+    share: float = Field(1.0, ge=0.0, le=1.0)  # the fraction of each step's verified groups published
+    take: int = Field(4, ge=0, le=100_000)  # foreign groups trained on per step, at most (the paper's J)
+    capacity: int = Field(1024, gt=0, le=1_000_000)  # groups the swarm's queue keeps (the newest)
+
+
 class ClusterConfig(Section):
     """Where rollouts are generated (cluster/ray_pool.py): in this process, or on Ray rollout workers."""
 
@@ -388,6 +397,7 @@ class ClusterConfig(Section):
     check_every_s: float = Field(60.0, gt=0, le=MAX_SECONDS)  # a call this long without results: check workers
     health_timeout_s: float = Field(60.0, gt=0, le=MAX_SECONDS)  # a health check's tiny generation must answer
     max_replacements: int = Field(8, ge=0, le=1_000_000)  # per run; past it the run stops with the cause
+    sapo: SapoConfig | None = None  # share verified rollouts with other trainers on the same Ray cluster
 
 
 class BudgetConfig(Section):
@@ -543,6 +553,9 @@ class Recipe(Section):
             raise ValueError("set budget.max_steps or budget.max_tokens, or the run never ends")
         if not self.rewards:
             raise ValueError("rewards: at least one reward is needed")
+        if self.cluster.sapo is not None and self.cluster.sapo.take and self.loss.get("name") != "decoupled_ppo":
+            raise ValueError("cluster.sapo.take trains on rollouts other trainers sampled (off-policy): use loss: "
+                             "{name: decoupled_ppo}, or cluster.sapo.take: 0 to only publish")
         return self
 
 

@@ -114,7 +114,9 @@ def run(t: Trainer, resume: bool = False, callbacks: Sequence[Any] = ()) -> dict
         writer.close()
         t.rewards.close()
         t.rollouts.close()  # async mode: stop the generation thread
-        t.generator.close()  # vllm: shut the engine down
+        t.generator.close()  # vllm: shut the engine down; a Ray pool: its workers
+        if t.swarm is not None:
+            t.swarm.close()
     try:
         from adarl.report import write_report
 

@@ -75,6 +75,12 @@ class Trainer:
                                          cluster=recipe.cluster)
         self.agent = self.generator if recipe.rollout.agent else None
         self.rollouts = RolloutScheduler(self.generator, recipe.rollout.scheduler)
+        self.swarm = None  # SAPO: verified groups shared with the other trainers of a swarm
+        if recipe.cluster.sapo is not None:
+            from adarl.cluster.sapo import Swarm
+
+            self.swarm = Swarm(recipe.cluster.sapo, self.tokenizer, recipe.rollout.max_new_tokens,
+                               recipe.cluster.address)
         self.budget = Budget(recipe.budget.max_tokens, recipe.budget.tokens_per_step,
                              recipe.budget.rollouts_per_step, expected_length=recipe.rollout.max_new_tokens)
         self.store = DifficultyStore([p.id for p in self.task.train], *self.selector.store_decay())
@@ -136,7 +142,11 @@ class Trainer:
         self.last_groups = list(groups.values())
         self.climb_ladder(topped_up, metrics)
         self.selector.observe(self.store, plain)
-        batch = Batch(self.allocator.finish(self.last_groups))
+        foreign: list[Group] = []  # SAPO: other trainers' groups, re-scored here; not in the budget or store
+        if self.swarm is not None:
+            foreign, shared = self.swarm.exchange(self.last_groups, self.rewards)
+            metrics.update(shared)
+        batch = Batch(self.allocator.finish(self.last_groups) + foreign)
         metrics.update(batch_metrics(self.last_groups, batch))
         metrics.update({f"allocate/{key}": value for key, value in self.allocator.metrics().items()})
         t0 = time.perf_counter()
