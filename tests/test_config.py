@@ -77,3 +77,25 @@ def test_cli_exits_2_without_traceback(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "adarl.cli", "train", "missing.yaml"], capture_output=True,
                           text=True, cwd=tmp_path, timeout=120)
     assert proc.returncode == 2 and "recipe file not found" in proc.stderr
+
+
+def test_cluster_section_is_checked():
+    assert "did you mean 'workers'" in error_of({**BASE, "cluster": {"backend": "ray", "worker": 2}})
+    assert "cluster.workers" in error_of({**BASE, "cluster": {"backend": "ray", "workers": 0}})
+    assert "cluster.backend" in error_of({**BASE, "cluster": {"backend": "slurm"}})
+    msg = error_of({**BASE, "cluster": {"sapo": {"take": 2}}})  # others' rollouts are off-policy
+    assert "decoupled_ppo" in msg and "cluster.sapo.take" in msg
+    assert load_recipe(data={**BASE, "cluster": {"sapo": {"take": 0}}}).cluster.sapo.share == 1.0  # publish only
+    assert "cluster.sapo.swarm" in error_of({**BASE, "cluster": {"sapo": {"swarm": "../x", "take": 0}}})
+
+
+def test_a_ray_cluster_without_ray_installed_fails_before_any_model_loads(tmp_path, monkeypatch):
+    import importlib.util
+
+    from adarl import api
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
+    recipe = load_recipe(data={**BASE, "cluster": {"backend": "ray"}})
+    with pytest.raises(RecipeError, match=r"pip install 'adarl\[ray\]'"):
+        api.check_run(recipe, tmp_path / "run", resume=False)

@@ -190,7 +190,9 @@ RAY = {"cluster": {"backend": "ray", "workers": 2}}
 def test_a_trainer_on_the_pool_trains_on_the_in_process_groups(tiny_model_dir, tmp_path):
     task = write_task(tmp_path)
     local = Trainer(load_recipe(data=_recipe(tiny_model_dir, task)), tmp_path / "local")
-    pooled = Trainer(load_recipe(data=_recipe(tiny_model_dir, task, **RAY)), tmp_path / "ray")
+    cluster = {"backend": "ray", "workers": 2, "resources": {"num_cpus": 0.5, "threads": 1},
+               "verifiers": 1, "verifier_cpus": 0.5}  # rewards scored on a verifier actor too
+    pooled = Trainer(load_recipe(data=_recipe(tiny_model_dir, task, cluster=cluster)), tmp_path / "ray")
     try:
         for _ in range(3):
             a, b = local.train_step(), pooled.train_step()
@@ -202,6 +204,7 @@ def test_a_trainer_on_the_pool_trains_on_the_in_process_groups(tiny_model_dir, t
             torch.testing.assert_close(p, q, atol=1e-4, rtol=0)  # behaviour log-probs differ in rounding only
     finally:
         pooled.generator.close()
+        pooled.rewards.close()
 
 
 @pytest.mark.usefixtures("local_ray", "tests_on_path")
@@ -318,3 +321,40 @@ def test_sapo_rejects_malformed_foreign_groups_and_never_trusts_their_text(model
         sys.path.remove(str(Path(__file__).parent))
     assert m["sapo/taken"] == 1 and m["sapo/rejected"] == 4
     assert foreign[0].rollouts[0].text == "bb" and foreign[0].reward.tolist() == [0.0]  # scored on "bb", not "aaaa"
+
+
+@pytest.mark.usefixtures("local_ray", "tests_on_path")
+def test_verifier_actors_score_as_the_local_pool_and_survive_a_dead_actor(model):
+    from adarl.cluster.verifiers import RayRewards
+    from adarl.config import RewardConfig
+    from adarl.rewards import Rewards
+    from adarl.types import Group, Problem
+
+    cfg = RolloutConfig(backend="hf", max_new_tokens=12)
+    out = HfGenerator(*model, cfg, seed=11).generate(requests(model[1], n_prompts=5, n=3))
+    configs = [RewardConfig(type="callable", function="e2e_rewards:fraction_of_a"),
+               RewardConfig(type="short_answer", weight=0.5)]
+
+    def groups():
+        return [Group(Problem(f"p{i}", f"Say {i}", str(i)), [1], out[3 * i: 3 * i + 3]) for i in range(5)]
+
+    local, here = Rewards(configs, workers=1), groups()
+    remote, there = RayRewards(configs, verifiers=2, workers=1, timeout_s=10.0, num_cpus=0.25), groups()
+    try:
+        expected = local.score(here)
+        got = remote.score(there)
+        for a, b in zip(here, there, strict=True):
+            np.testing.assert_array_equal(a.rewards, b.rewards)
+            np.testing.assert_array_equal(a.correct, b.correct)
+            assert a.reward_names == b.reward_names
+        assert {k: v for k, v in got.items() if k != "verify_s"} == \
+               pytest.approx({k: v for k, v in expected.items() if k != "verify_s"})
+        pid = ray.get(remote.actors[0].__ray_call__.remote(lambda self: os.getpid()))
+        os.kill(pid, signal.SIGKILL)  # Ray restarts the actor and retries its call: scoring is idempotent
+        again = groups()
+        remote.score(again)
+        for a, b in zip(here, again, strict=True):
+            np.testing.assert_array_equal(a.rewards, b.rewards)
+    finally:
+        local.close()
+        remote.close()

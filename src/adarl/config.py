@@ -398,6 +398,8 @@ class ClusterConfig(Section):
     health_timeout_s: float = Field(60.0, gt=0, le=MAX_SECONDS)  # a health check's tiny generation must answer
     max_replacements: int = Field(8, ge=0, le=1_000_000)  # per run; past it the run stops with the cause
     sapo: SapoConfig | None = None  # share verified rollouts with other trainers on the same Ray cluster
+    verifiers: int = Field(0, ge=0, le=4096)  # reward scoring on N Ray actors; 0: the trainer's own process pool
+    verifier_cpus: float = Field(1.0, ge=0.0, le=1024.0)  # CPUs each verifier actor reserves
 
 
 class BudgetConfig(Section):

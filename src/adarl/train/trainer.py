@@ -58,7 +58,14 @@ class Trainer:
         self.task = build_task(recipe.task, recipe.seed)
         check_feasible(recipe.budget, len(self.task.train), recipe.task.eval_size, recipe.eval.size,
                        len(self.task.eval))
-        self.rewards = Rewards(recipe.rewards, workers=recipe.reward_workers, timeout_s=recipe.reward_timeout_s)
+        if recipe.cluster.verifiers:  # scored on Ray actors, each with the same isolated process pool
+            from adarl.cluster.verifiers import RayRewards
+
+            self.rewards: Any = RayRewards(recipe.rewards, recipe.cluster.verifiers, recipe.reward_workers,
+                                           recipe.reward_timeout_s, recipe.cluster.verifier_cpus,
+                                           recipe.cluster.address)
+        else:
+            self.rewards = Rewards(recipe.rewards, workers=recipe.reward_workers, timeout_s=recipe.reward_timeout_s)
         self.model, self.tokenizer = load_model(recipe.model, for_training=True)
         if recipe.train.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
