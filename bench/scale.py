@@ -1,8 +1,11 @@
 """The Ray rollout pool against in-process generation, and a scaling model from the measured figures.
 
-Three set-ups train the quickstart (SmolLM2-135M, 8 prompts × 8 rollouts, 64 new tokens) for a few
-steps from the same seed: the in-process generator (2 torch threads), one Ray worker (2 CPUs,
-2 threads) and two Ray workers (1 CPU, 1 thread each). Reported per set-up, over the steps after
+First, generation alone: one sampling call (8 prompts × 8 rollouts, 64 new tokens, the same
+sampling keys) through each set-up, best of a few calls, and whether the pool drew exactly the
+in-process tokens. Then three set-ups train the quickstart (SmolLM2-135M, 8 prompts × 8
+rollouts, 64 new tokens) for a few steps from the same seed: the in-process generator (2 torch
+threads), one Ray worker (2 CPUs, 2 threads) and two Ray workers (1 CPU, 1 thread each). Reported
+per set-up, over the steps after
 the first: sampled tokens per second of generation, step time, and the weight broadcast (the
 pool's object-store put + every worker's load + its health generation), as ratios to in-process.
 On a 2-core machine two workers are not expected to be faster: the figures show the pool's
@@ -39,6 +42,49 @@ SETUPS = {
     "ray-1-worker": {"backend": "ray", "workers": 1, "resources": {"num_cpus": 2, "threads": 2}},
     "ray-2-workers": {"backend": "ray", "workers": 2, "resources": {"num_cpus": 1, "threads": 1}},
 }
+
+
+def generation_only(setups: list[str], repeats: int) -> dict:
+    """The same sampling call (8 prompts × 8 rollouts, 64 new tokens, the same keys) through each set-up:
+    sampled tokens per second, and whether the pool sampled exactly the in-process tokens."""
+    import torch
+
+    from adarl.cluster.ray_pool import RayRolloutPool
+    from adarl.config import ClusterConfig, ModelConfig, RolloutConfig
+    from adarl.models import chat_ids, load_model
+    from adarl.rollout.hf import HfGenerator
+    from adarl.types import Request
+
+    torch.set_num_threads(2)
+    model, tok = load_model(ModelConfig(path="smollm2-135m"), for_training=True)
+    cfg = RolloutConfig(backend="hf", max_new_tokens=64, temperature=0.7)
+    system = {"role": "system", "content": "You are a concise calculator. Reply with only the final number."}
+    requests = [Request(f"p{i}", chat_ids(tok, [system, {"role": "user", "content": f"Calculate {11 + 7 * i} + "
+                                                         f"{25 + 3 * i}."}]), 8) for i in range(8)]
+    out: dict = {}
+    reference = None
+    for name in setups:
+        cluster = SETUPS[name]
+        gen = HfGenerator(model, tok, cfg, seed=0) if cluster["backend"] == "local" else \
+            RayRolloutPool(model, tok, cfg, ClusterConfig.model_validate(cluster), seed=0)
+        try:
+            times, tokens = [], 0
+            for rep in range(repeats):
+                gen.rng.set_state({"seed": 0, "calls": rep})
+                t0 = time.perf_counter()
+                rollouts = gen.generate(requests)
+                times.append(time.perf_counter() - t0)
+                tokens = sum(len(r) for r in rollouts)
+            ids = [r.completion_ids for r in rollouts]
+            reference = reference or ids
+            out[name] = {"tokens": tokens, "seconds": times, "tokens_per_s": tokens / min(times),
+                         "same_tokens_as_first": ids == reference}
+            print(f"generation only, {name}: {tokens} tokens, best of {repeats} {min(times):.2f} s, "
+                  f"{tokens / min(times):.1f} tok/s, same tokens: {ids == reference}", flush=True)
+        finally:
+            if hasattr(gen, "close"):
+                gen.close()
+    return out
 
 
 def run_setup(name: str, cluster: dict, steps: int, out: Path) -> dict:
@@ -97,16 +143,27 @@ def main() -> None:
     ap.add_argument("--gpu-step-tokens", type=float, default=2**20, help="tokens a step samples, GPU rows (assumed)")
     ap.add_argument("--gpu-update-s", type=float, default=10.0, help="the trainer's update, GPU rows (assumed)")
     ap.add_argument("--report-only", action="store_true", help="print the tables of --out without running")
+    ap.add_argument("--generate-repeats", type=int, default=3, help="calls per set-up of the generation-only part")
     ap.add_argument("--bandwidth-gb-s", type=float, default=1.25, help="head egress for the broadcast (10 GbE)")
     ap.add_argument("--gpus-per-node", type=int, default=8)
     args = ap.parse_args()
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     runs = Path("runs/bench-scale")
     results = json.loads(args.out.read_text()) if args.out.exists() else {}
+    if not args.report_only:
+        results["generation_only"] = generation_only(args.setups.split(","), args.generate_repeats)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(results, indent=1))
     for name in [] if args.report_only else args.setups.split(","):
         results.setdefault("setups", {})[name] = run_setup(name, SETUPS[name], args.steps, runs)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(results, indent=1))  # each finished set-up is kept
+    gen = results.get("generation_only", {})
+    if "in-process" in gen:
+        print(f"{'generation only':<16}{'tok/s':>9}{'× in-proc':>11}  same tokens")
+        for name, r in gen.items():
+            print(f"{name:<16}{r['tokens_per_s']:>9.1f}{r['tokens_per_s'] / gen['in-process']['tokens_per_s']:>11.2f}"
+                  f"  {r['same_tokens_as_first']}")
     setups = results["setups"]
     base = setups["in-process"]
     print(f"{'set-up':<16}{'tok/s':>9}{'× in-proc':>11}{'step s':>9}{'× in-proc':>11}{'sync s':>9}{'start s':>9}")
