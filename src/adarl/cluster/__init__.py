@@ -8,6 +8,7 @@ generator backend. `cluster.sapo` shares verified rollouts between trainers (clu
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
 RAY_MISSING = "cluster.backend: ray (and cluster.sapo) need the ray package: pip install 'adarl[ray]'"
@@ -38,6 +39,16 @@ def disconnect(started: bool) -> None:
 
     if started and ray.is_initialized():
         ray.shutdown()
+
+
+def least_loaded(costs: Sequence[float], bins: int) -> list[int]:
+    """A bin for each item: largest cost first, onto the bin with the least cost so far (LPT)."""
+    load = [0.0] * bins
+    owner = [0] * len(costs)
+    for i in sorted(range(len(costs)), key=lambda i: -costs[i]):
+        b = min(range(bins), key=load.__getitem__)
+        owner[i], load[b] = b, load[b] + costs[i]
+    return owner
 
 
 def vocabulary_fingerprint(tokenizer: Any) -> str:

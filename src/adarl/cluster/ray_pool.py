@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from adarl.cluster import connect, disconnect
+from adarl.cluster import connect, disconnect, least_loaded
 from adarl.config import ClusterConfig, RolloutConfig
 from adarl.rollout.capabilities import CAPABILITIES
 from adarl.rollout.hf import Progress, SampleStream, StopWhen, row_keys
@@ -97,8 +97,7 @@ class RolloutWorker:
 
     def __init__(self, config: Any, tokenizer: Any, cfg: RolloutConfig, backend: str, threads: int,
                  index: int = 0, heartbeats: Any = None) -> None:
-        self.threads = threads
-        torch.set_num_threads(threads)
+        torch.set_num_threads(threads)  # calls run on this, the actor's main thread
         from transformers import AutoModelForCausalLM
 
         config = copy.deepcopy(config)
@@ -109,7 +108,6 @@ class RolloutWorker:
         self.tokenizer, self.cfg, self.backend = tokenizer, cfg, backend
         self.index, self.heartbeats = index, heartbeats
         self.generator: Any = None  # built at the first weights (vllm needs them to start)
-        self.version = -1
         self.steps = 0  # decoding steps taken by generate calls
         self._last_beat = 0.0
 
@@ -129,8 +127,8 @@ class RolloutWorker:
             self._build()
         elif self.backend == "vllm":
             self.generator.update_weights()  # pushes self.model into the engine
-        self.version = self.generator.policy_version = version
-        return self.health()["version"]
+        self.generator.policy_version = version
+        return self.health()
 
     def _build(self) -> None:
         if self.backend == "vllm":
@@ -142,20 +140,18 @@ class RolloutWorker:
 
             self.generator = HfGenerator(self.model, self.tokenizer, self.cfg)
 
-    def health(self) -> dict[str, int]:
-        """A real one-token greedy generation; the weights' version and the decoding steps taken so far."""
-        torch.set_num_threads(self.threads)
+    def health(self) -> int:
+        """A real one-token greedy generation; the version of the weights it ran on."""
         ids = self.tokenizer.encode(HEALTH_PROMPT, add_special_tokens=False)[:4] or [0]
         out = self.generator.generate([Request(HEALTH_PROMPT, ids, 1)], greedy=True, max_new_tokens=1)
         if len(out) != 1 or len(out[0].completion_ids) != 1:
             raise RuntimeError(f"the health generation returned {len(out)} rollouts")
-        return {"version": self.version, "steps": self.steps, "pid": os.getpid()}
+        return self.generator.policy_version
 
     def generate(self, requests: list[Request], keys: list[int], greedy: bool, max_new_tokens: int | None,
                  max_tokens: int | None, steps: int | None, stops: tuple[str, ...], entropy_stats: Any,
                  record_top2: bool) -> tuple[list[Rollout], list | None]:
         """The rollouts of `requests` (rows keyed by `keys`), at most `steps` decoding steps when set."""
-        torch.set_num_threads(self.threads)
         gen = self.generator
         for stop in stops:
             if stop not in gen.cfg.stop:
@@ -226,7 +222,6 @@ class RayRolloutPool:
         self.entropy_stats: Any = None
         self.record_top2 = False
         self.last_top2: list | None = None
-        self.last_temperature_mean: float | None = None
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self._lock = threading.RLock()  # weight pushes and worker replacement (async mode calls from a thread)
         self._dirty = True  # the workers' weights are not the training model's
@@ -356,12 +351,7 @@ class RayRolloutPool:
         """A worker per request: longest expected first, onto the least-loaded worker."""
         limit = max_new_tokens or self.cfg.max_new_tokens
         cost = [r.n * max(1, min(limit, r.max_new_tokens or limit) - len(r.prefix_ids or [])) for r in requests]
-        load = [0] * len(self.workers)
-        owner = [0] * len(requests)
-        for i in sorted(range(len(requests)), key=lambda i: -cost[i]):
-            w = int(np.argmin(load))
-            owner[i], load[w] = w, load[w] + cost[i]
-        return owner
+        return least_loaded(cost, len(self.workers))
 
     def _jobs(self, requests: list[Request], rows: list[_Row], first: list[int], owner: list[int],
               max_new_tokens: int | None, max_tokens: int | None, spent: int) -> dict[int, _Job]:

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from adarl.cluster import connect, disconnect
+from adarl.cluster import connect, disconnect, least_loaded
 from adarl.config import RewardConfig
 from adarl.types import Group
 
@@ -60,11 +60,8 @@ class RayRewards:
 
         start = time.perf_counter()
         shares: list[list[int]] = [[] for _ in self.actors]
-        load = [0] * len(self.actors)
-        for i in sorted(range(len(groups)), key=lambda i: -groups[i].size):  # largest first, least-loaded actor
-            a = int(np.argmin(load))
+        for i, a in enumerate(least_loaded([g.size for g in groups], len(self.actors))):
             shares[a].append(i)
-            load[a] += groups[i].size
         calls = [(share, actor.score.remote([groups[i] for i in share]))
                  for share, actor in zip(shares, self.actors, strict=True) if share]
         metrics: dict[str, float] = {f"reward/{name}": 0.0 for name in self.names}
