@@ -222,14 +222,18 @@ def test_agent_trajectories_train_end_to_end(tiny_model_dir, tmp_path, monkeypat
     assert "<pre class=tool>[calculate · ok] 42</pre>" in page
 
 
-def test_an_agent_recipe_needs_sync_generation(tiny_model_dir, tmp_path):
+def test_agent_trees_and_purification_need_sync_generation(tiny_model_dir, tmp_path):
     from adarl.config import RecipeError, load_recipe
     from test_train import recipe_data, write_task
 
-    data = recipe_data(tiny_model_dir, write_task(tmp_path),
-                       rollout={"agent": {}, "scheduler": {"mode": "partial"}})
-    with pytest.raises(RecipeError, match="rollout.agent needs rollout.scheduler.mode: sync"):
-        load_recipe(data=data)
+    for mode in ("partial", "async"):  # trajectories themselves cross partial steps (test_agent_partial.py)
+        load_recipe(data=recipe_data(tiny_model_dir, write_task(tmp_path),
+                                     rollout={"agent": {}, "scheduler": {"mode": mode}}))
+    for extra, name in (({"purify": True}, "purify"), ({"branching": {}}, "branching")):
+        data = recipe_data(tiny_model_dir, write_task(tmp_path),
+                           rollout={"agent": extra, "scheduler": {"mode": "partial"}})
+        with pytest.raises(RecipeError, match=f"rollout.agent.{name} needs rollout.scheduler.mode: sync"):
+            load_recipe(data=data)
 
 
 def test_a_demonstration_is_the_trajectory_the_loop_would_write():

@@ -360,9 +360,10 @@ class RolloutConfig(Section):
         if self.budget_sentences is not None and (self.scheduler.mode != "sync" or self.agent is not None
                                                   or self.branching is not None):
             raise ValueError("rollout.budget_sentences needs rollout.scheduler.mode: sync, and no agent or branching")
-        if self.agent is not None and self.scheduler.mode != "sync":
-            raise ValueError(f"rollout.agent needs rollout.scheduler.mode: sync (partial and async generation do "
-                             f"not carry trajectories across turns yet), not {self.scheduler.mode}")
+        if self.agent is not None and self.scheduler.mode != "sync" and (self.agent.branching or self.agent.purify):
+            raise ValueError(f"rollout.agent.{'branching' if self.agent.branching else 'purify'} needs "
+                             f"rollout.scheduler.mode: sync (a tree, or a purified trajectory, is built within one "
+                             f"call), not {self.scheduler.mode}")
         return self
 
 

@@ -29,8 +29,21 @@ from its group and counts it). Limits: `max_turns` model turns, `max_tool_calls`
 truncated to `max_tool_output_tokens` with a visible marker, and `max_context_tokens` tokens after
 the prompt (sampled and inserted).
 
-Tools run in a thread pool, all calls of a turn at once; a turn waits for its slowest call (at
-most `tool_timeout_s`). Partial and async generation are not supported across turns yet.
+Rows run in waves. A row whose turn ended with tool calls leaves the decoding batch while its
+calls run in a thread pool (all calls of a turn at once, each bounded by `tool_timeout_s`), and
+rejoins at the next wave after its results are back; the other rows go on decoding meanwhile, so
+one slow tool stalls only its own row. The generator waits for tools only when no row can decode.
+Sampling is keyed per row and position (rollout/hf.py), so a trajectory's tokens do not depend on
+which wave it decoded in.
+
+Partial and async generation (rollout/scheduler.py) work across turns. `stop_when` sees one row per
+trajectory (finished when the trajectory is) and is checked during every decoding step and between
+waves; a stopped row comes back "partial" with its turns so far, tool turns included. A request
+whose `prefix_spans` hold such a partial trajectory continues it: with the environment this
+generator still holds for it, or, after a resume from a checkpoint (or in another process), with a
+fresh environment into which the recorded tool calls are replayed in order. Replay assumes
+deterministic tools: a replayed result that differs from the recorded one censors the rollout
+(`agent/replay_mismatches`). Branching (ARPO/AEPO) and CLEANER's purification need sync mode.
 
 With `purify` (CLEANER), a failed tool step directly followed by a successful one is dropped from
 the trained trajectory (`purify`). With `branching` (rollout/arpo.py: ARPO, AEPO) a request's n
@@ -45,8 +58,9 @@ import copy
 import inspect
 import json
 import re
+import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field, replace
 from typing import Any, get_type_hints
@@ -171,10 +185,28 @@ class _Trajectory:
     h_init: float | None = None  # branching (rollout/arpo.py): the first segment's entropy
     h_now: float | None = None  # ... and the latest's
     streak: int = 0  # tool steps in a row at which this chain branched
+    start: int = 0  # spans of the trajectory before this call (a continued partial one): not returned
+    turn_ids: list[int] = field(default_factory=list)  # the model's current turn so far
 
     @property
     def ids(self) -> list[int]:
         return [t for s in self.spans for t in s.ids]
+
+
+def turns_of(spans: Sequence[Span]) -> list[tuple[list[int], list[Span]]]:
+    """A trajectory's turns: (the model's ids, the spans inserted after them). Only the last turn can
+    have nothing inserted after it: it is the trajectory's end, or, for a partial one, unfinished."""
+    turns: list[tuple[list[int], list[Span]]] = []
+    for span in spans:
+        if not span.ids:
+            continue
+        if span.role == "model":
+            if not turns or turns[-1][1]:
+                turns.append(([], []))
+            turns[-1][0].extend(span.ids)
+        elif turns:
+            turns[-1][1].append(span)
+    return turns
 
 
 def purify(spans: list[Span]) -> tuple[list[Span], int]:
@@ -205,12 +237,15 @@ def purify(spans: list[Span]) -> tuple[list[Span], int]:
 class AgentGenerator:
     """A generator whose rollouts are tool-using trajectories (see the module docstring)."""
 
+    LIVE_MAX = 4096  # environments of partial trajectories held for their continuation
+
     def __init__(self, generator: Any, env_factory: Callable[[], Any], problems: Mapping[str, Problem], *,
                  parser: str = "tool_call", max_turns: int = 4, max_tool_calls: int = 8, tool_timeout_s: float = 10.0,
                  max_tool_output_tokens: int = 256, max_context_tokens: int = 1024, tool_workers: int = 4,
                  tools_prompt: bool = True, branching: ArpoBranching | None = None, purify: bool = False) -> None:
         if parser not in PARSERS:
             raise ValueError(f"unknown tool-call parser {parser!r}; parsers: {', '.join(PARSERS)}")
+        self._options = {k: v for k, v in locals().items() if k not in ("self", "generator", "env_factory", "problems")}
         self.generator, self.env_factory, self.problems = generator, env_factory, problems
         self.parse, stop = PARSERS[parser]
         self.max_turns, self.max_tool_calls, self.tool_timeout_s = max_turns, max_tool_calls, tool_timeout_s
@@ -223,6 +258,18 @@ class AgentGenerator:
             generator.add_stop(stop)
         self.before_tool, self.after_tool = self.check(generator.tokenizer, "user" if self.gym else "tool")
         self._metrics: dict[str, float] = {}
+        # (key, ids so far) of each partial trajectory returned -> (environment, env reward, turns, calls)
+        self._live: dict[tuple[int, int], tuple[Any, float | None, int, int]] = {}
+
+    # the wrapped generator's, read and set through this one (async mode sets them on its replica)
+    policy_version = property(lambda self: self.generator.policy_version,
+                              lambda self, v: setattr(self.generator, "policy_version", v))
+    entropy_stats = property(lambda self: self.generator.entropy_stats,
+                             lambda self, v: setattr(self.generator, "entropy_stats", v))
+
+    def replica(self) -> AgentGenerator:
+        """The same agent over the wrapped generator's replica (async mode's generation thread)."""
+        return AgentGenerator(self.generator.replica(), self.env_factory, self.problems, **self._options)
 
     @classmethod
     def from_config(cls, generator: Any, cfg: Any, problems: Mapping[str, Problem],
@@ -334,15 +381,17 @@ class AgentGenerator:
                 out.append((call.name, self.pool.submit(self._run_call, t.env, call)))
         return out
 
-    def _append_results(self, t: _Trajectory, results: list[tuple[str, Any]]) -> None:
-        """Wait for a turn's tool results and append them as template and tool spans."""
+    def _append_results(self, t: _Trajectory, results: list[tuple[str, Any]], deadline: float | None = None) -> None:
+        """Wait for a turn's tool results (until `deadline`, a `time.monotonic()`; default `tool_timeout_s`
+        from now) and append them as template and tool spans."""
         texts, failed = [], False
+        deadline = time.monotonic() + self.tool_timeout_s if deadline is None else deadline
         for name, item in results:
             if isinstance(item, str):  # an error found before running anything
                 status, result = name, item
             else:
                 try:
-                    result, status = item.result(timeout=self.tool_timeout_s)
+                    result, status = item.result(timeout=max(deadline - time.monotonic(), 0.0))
                 except (FutureTimeout, EnvironmentFailure):
                     t.finish = "censored"  # the environment failed: never scored
                     return
@@ -357,6 +406,7 @@ class AgentGenerator:
         ids = self._encode(text)
         if len(ids) > self.max_tool_output_tokens:
             ids = ids[: self.max_tool_output_tokens] + self._encode(TRUNCATED)
+        t.turn_ids = []
         tok, before = self.generator.tokenizer, self.before_tool
         eos = tok.eos_token
         if eos and before.startswith(eos) and t.spans and t.spans[-1].ids[-1:] == [tok.eos_token_id]:
@@ -370,38 +420,66 @@ class AgentGenerator:
                  max_tokens: int | None = None) -> list[Rollout]:
         """One trajectory per row, each request's rows consecutive (the wrapped generator's contract).
 
-        `max_tokens` caps the sampled tokens of the whole call; a row it stops is "partial".
+        `max_tokens` caps the sampled tokens of the whole call and `stop_when` (a `Progress` with a row
+        per trajectory) stops it; a row either stops is "partial". A request with `prefix_spans`
+        continues that partial trajectory; its rollout holds only the spans of this call.
         `max_new_tokens` bounds the tokens after the prompt (default `max_context_tokens`)."""
-        from adarl.rollout.hf import row_keys
+        from adarl.rollout.hf import Progress, row_keys
 
         context = max_new_tokens or self.max_context_tokens
         b = None if greedy else self.branching
         if b is not None:  # ARPO/AEPO: a few chains first; branches and fresh chains fill the n slots
+            if any(r.prefix_ids or r.prefix_spans for r in requests):
+                raise ValueError("agent branching (ARPO/AEPO) cannot continue partial trajectories")
             requests_started = [replace(r, n=b.initial_chains(r.n)) for r in requests]
             keys, row_request = row_keys(requests_started, None, greedy, self.generator.new_keys)
         else:
             keys, row_request = row_keys(requests, keys, greedy, self.generator.new_keys)
-        rows = [_Trajectory(i, k) for i, k in zip(row_request, keys, strict=True)]
-        for t in rows:
-            self._start(t, self.problems[requests[t.request].prompt_id])
+        self._replay_stats = {"replayed": 0, "replay_mismatches": 0}
+        rows = [self._row(requests[i], i, int(k)) for i, k in zip(row_request, keys, strict=True)]
         left = max_tokens
         version = self.generator.policy_version
+        view = Progress([t.finish is not None for t in rows], list(row_request))  # what `stop_when` sees
         self._branch_stats = {"branches": 0, "copy_failures": 0, "fresh_chains": 0}
         targets: dict[int, int] = {}  # AEPO: global chains per request, once its probe has spoken
         tool_entropies: list[float] = []
+        waiting: dict[int, tuple[_Trajectory, list[tuple[str, Any]], float]] = {}  # rows whose tools run
+        stopped = False
         while True:
-            active = [t for t in rows if t.finish is None]
-            if not active or (left is not None and left <= 0):
+            halt = stopped or (left is not None and left <= 0)
+            idle = not any(t.finish is None and id(t) not in waiting for t in rows)
+            stepped = self._collect(waiting, context, "all" if halt else "one" if idle else "ready")
+            if halt:
+                break
+            if b is not None:
+                rows += self._grow(b, requests, rows, stepped, targets, tool_entropies)
+            if stop_when is not None:
+                view.row_finished[:] = [t.finish is not None for t in rows[: len(view.row_finished)]]
+                if stop_when(view):
+                    stopped = True
+                    continue
+            decode = [t for t in rows if t.finish is None and id(t) not in waiting]
+            if not decode:
+                if waiting:
+                    continue
                 break
             turn = [Request(requests[t.request].prompt_id, requests[t.request].prompt_ids, 1, t.ids or None)
-                    for t in active]
-            outs = self.generator.generate(turn, greedy=greedy, max_new_tokens=context,
-                                           keys=[t.key for t in active], max_tokens=left)
-            pending = []
-            for t, out in zip(active, outs, strict=True):
-                t.spans.append(Span("model", out.completion_ids, out.logprobs, out.entropies,
-                                    [version] * len(out.completion_ids)))
-                t.turns += 1
+                    for t in decode]
+            spent = view.tokens
+
+            def inner_stop(progress: Progress, spent: int = spent) -> bool:
+                view.tokens = spent + progress.tokens
+                return stop_when(view)
+
+            outs = self.generator.generate(turn, greedy=greedy, max_new_tokens=context, keys=[t.key for t in decode],
+                                           max_tokens=left, stop_when=None if stop_when is None else inner_stop)
+            view.tokens = spent + sum(len(out) for out in outs)
+            for t, out in zip(decode, outs, strict=True):
+                if out.completion_ids:
+                    t.spans.append(Span("model", out.completion_ids, out.logprobs, out.entropies,
+                                        [version] * len(out.completion_ids)))
+                    t.turns += not t.turn_ids  # a turn continued across calls counts once
+                    t.turn_ids = t.turn_ids + list(out.completion_ids)
                 if b is not None:
                     h = segment_entropy(out.entropies, len(self.generator.tokenizer), b.window)
                     if h is not None and t.h_init is not None:
@@ -410,31 +488,20 @@ class AgentGenerator:
                     t.h_now = h if h is not None else t.h_now
                 if left is not None:
                     left -= len(out)
-                t.last_text = self.generator.tokenizer.decode(out.completion_ids, skip_special_tokens=True)
-                if out.finish_reason != "stop":  # length (context) or partial (the budget)
+                t.last_text = self.generator.tokenizer.decode(t.turn_ids, skip_special_tokens=True)
+                if out.finish_reason == "partial":  # `stop_when` or the budget stopped the call
+                    stopped = True
+                elif out.finish_reason != "stop":  # the context is full
                     t.finish = out.finish_reason
-                    continue
-                if self.gym:
-                    pending.append((t, [("environment", self.pool.submit(t.env.step, t.last_text))]))
-                    continue
-                results = self._tool_turn(t, t.last_text)
-                if not results:
+                elif self.gym:
+                    waiting[id(t)] = (t, [("environment", self.pool.submit(t.env.step, t.last_text))],
+                                      time.monotonic() + self.tool_timeout_s)
+                elif not (results := self._tool_turn(t, t.last_text)):
                     t.finish = "stop"
                 elif t.turns >= self.max_turns:
                     t.finish = "max_turns"
                 else:
-                    pending.append((t, results))
-            for t, results in pending:
-                if self.gym:
-                    self._gym_turn(t, results[0][1])
-                else:
-                    self._append_results(t, results)
-                if self.gym and t.finish is None and t.turns >= self.max_turns:
-                    t.finish = "max_turns"
-                if t.finish is None and len(t.ids) >= context:
-                    t.finish = "length"
-            if b is not None:
-                rows += self._grow(b, requests, rows, [t for t, _ in pending], targets, tool_entropies)
+                    waiting[id(t)] = (t, results, time.monotonic() + self.tool_timeout_s)
         if b is not None:  # slots the budget left empty: partial rows (never scored)
             for i, r in enumerate(requests):
                 rows += [_Trajectory(i, 0, finish="partial") for _ in range(r.n - sum(t.request == i for t in rows))]
@@ -442,20 +509,98 @@ class AgentGenerator:
         purified = 0
         for t in rows:
             t.finish = t.finish or "partial"
-            if self.purify and t.finish != "censored":  # CLEANER: train the corrected step, not the failed one
+            if self.purify and t.start == 0 and t.finish != "censored":  # CLEANER: train the corrected step
                 t.spans, dropped = purify(t.spans)
                 purified += dropped
             get_reward = getattr(t.env, "get_reward", None)
-            if t.finish != "censored" and callable(get_reward):  # TRL's optional environment reward
+            if t.finish not in ("censored", "partial") and callable(get_reward):  # TRL's optional environment reward
                 try:
                     t.env_reward = float(get_reward())
                 except Exception:  # the environment failed, not the model
                     t.finish = "censored"
+            if t.finish == "partial" and t.env is not None:  # held for its continuation
+                self._live[(t.key, len(t.ids))] = (t.env, t.env_reward, t.turns, t.calls)
+                while len(self._live) > self.LIVE_MAX:
+                    self._live.pop(next(iter(self._live)))
         self._measure(rows)
         if self.purify:
             self._metrics["agent/purified_steps"] = float(purified)
-        return [Rollout(requests[t.request].prompt_id, finish_reason=t.finish, spans=t.spans, text=t.last_text,
-                        policy_version=version, env_reward=t.env_reward) for t in rows]
+        return [Rollout(requests[t.request].prompt_id, finish_reason=t.finish, spans=t.spans[t.start:],
+                        text=t.last_text, policy_version=version, env_reward=t.env_reward) for t in rows]
+
+    def _collect(self, waiting: dict[int, tuple[_Trajectory, list[tuple[str, Any]], float]], context: int,
+                 until: str) -> list[_Trajectory]:
+        """Append the tool turns whose results are back (or past their deadline: censored) and return
+        their rows. `until`: "ready" takes those done now, "one" waits for at least one, "all" for all."""
+        stepped: list[_Trajectory] = []
+        while waiting:
+            now = time.monotonic()
+            ready = [k for k, (_, results, deadline) in waiting.items()
+                     if now >= deadline or all(isinstance(f, str) or f.done() for _, f in results)]
+            if not ready:
+                if until == "ready" or (until == "one" and stepped):
+                    break
+                running = [f for _, results, _ in waiting.values() for _, f in results if not isinstance(f, str)]
+                wait(running, timeout=max(min(d for *_, d in waiting.values()) - now, 0.0),
+                     return_when=FIRST_COMPLETED)
+                continue
+            for k in ready:
+                t, results, deadline = waiting.pop(k)
+                if self.gym:
+                    self._gym_turn(t, results[0][1], deadline)
+                    if t.finish is None and t.turns >= self.max_turns:
+                        t.finish = "max_turns"
+                else:
+                    self._append_results(t, results, deadline)
+                if t.finish is None and len(t.ids) >= context:
+                    t.finish = "length"
+                stepped.append(t)
+        return stepped
+
+    def _row(self, request: Request, index: int, key: int) -> _Trajectory:
+        """The trajectory of one row: fresh, or the partial one in `request.prefix_spans` continued with
+        the environment held for it (or, when none is held, one its recorded tool calls are replayed into)."""
+        t = _Trajectory(index, key)
+        problem = self.problems[request.prompt_id]
+        prefix = request.prefix_spans
+        if prefix is None and request.prefix_ids:  # a plain partial completion: one model turn
+            prefix = [Span("model", list(request.prefix_ids))]
+        if not prefix:
+            self._start(t, problem)
+            return t
+        t.spans, t.start = list(prefix), len(prefix)
+        turns = turns_of(t.spans)
+        if turns and not turns[-1][1]:  # the last turn is unfinished: it goes on
+            t.turn_ids = list(turns[-1][0])
+            t.last_text = self.generator.tokenizer.decode(t.turn_ids, skip_special_tokens=True)
+        held = self._live.pop((key, len(t.ids)), None)
+        if held is not None:
+            t.env, t.env_reward, t.turns, t.calls = held
+            return t
+        self._replay(t, problem, turns)
+        return t
+
+    def _replay(self, t: _Trajectory, problem: Problem, turns: list[tuple[list[int], list[Span]]]) -> None:
+        """Rebuild a partial trajectory's environment: reset a fresh one and run its recorded turns' tool
+        calls (a gym environment: its steps) in order. A result that differs from the recorded one (a
+        tool that is not deterministic) censors the trajectory."""
+        self._start(t, problem)
+        self._replay_stats["replayed"] += 1
+        for ids, inserted in turns:
+            t.turns += 1
+            if t.finish is not None or not inserted:
+                continue
+            text = self.generator.tokenizer.decode(ids, skip_special_tokens=True)
+            probe = replace(t, spans=[Span("model", ids)], errors={})
+            if self.gym:
+                self._gym_turn(probe, self.pool.submit(t.env.step, text))
+            else:
+                self._append_results(probe, self._tool_turn(probe, text))
+            t.calls, t.env_reward = probe.calls, probe.env_reward
+            recorded = [s.ids for s in inserted if s.role == "tool"]
+            if probe.finish is not None or recorded != [s.ids for s in probe.spans if s.role == "tool"]:
+                t.finish = "censored"
+                self._replay_stats["replay_mismatches"] += 1
 
     def _grow(self, b: ArpoBranching, requests: list[Request], rows: list[_Trajectory], stepped: list[_Trajectory],
               targets: dict[int, int], tool_entropies: list[float]) -> list[_Trajectory]:
@@ -504,13 +649,14 @@ class AgentGenerator:
                 self._branch_stats["fresh_chains"] += 1
         return new
 
-    def _gym_turn(self, t: _Trajectory, step: Any) -> None:
+    def _gym_turn(self, t: _Trajectory, step: Any, deadline: float | None = None) -> None:
         """A gym-style environment's answer to the model's turn (`step` is the future of `env.step(text)`):
         its reward adds to `env_reward`, `done` ends the trajectory ("env_done"), else its observation is
         inserted. Any exception or a step past `tool_timeout_s` censors the rollout (the environment failed:
         the model's text cannot be wrong here, only scored). Applied here, in the calling thread."""
         try:
-            observation, reward, done, _info = step.result(timeout=self.tool_timeout_s)
+            wait_s = self.tool_timeout_s if deadline is None else max(deadline - time.monotonic(), 0.0)
+            observation, reward, done, _info = step.result(timeout=wait_s)
             reward = float(reward)
         except Exception:
             t.finish = "censored"
@@ -529,8 +675,10 @@ class AgentGenerator:
             "agent/tool_calls": float(sum(t.calls for t in rows)),
             "agent/censored": float(sum(t.finish == "censored" for t in rows)),
             "agent/max_turns_reached": float(sum(t.finish == "max_turns" for t in rows)),
-            "agent/inserted_tokens": float(sum(len(s) for t in rows for s in t.spans if not s.sampled)),
-            "agent/sampled_tokens": float(sum(len(s) for t in rows for s in t.spans if s.sampled)),
+            "agent/inserted_tokens": float(sum(len(s) for t in rows for s in t.spans[t.start:] if not s.sampled)),
+            "agent/sampled_tokens": float(sum(len(s) for t in rows for s in t.spans[t.start:] if s.sampled)),
+            "agent/continued": float(sum(t.start > 0 for t in rows)),
+            **{f"agent/{k}": float(v) for k, v in getattr(self, "_replay_stats", {}).items()},
         }
         for t in rows:
             for kind, n in t.errors.items():

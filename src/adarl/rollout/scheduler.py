@@ -96,12 +96,13 @@ class _Group:
 
 def _join(old: Rollout, new: Rollout) -> Rollout:
     """A partial rollout followed by its continuation: the continuation is a span of its own,
-    with the policy version that sampled it."""
+    with the policy version that sampled it. An agent's continuation brings the trajectory's text
+    (its last turn) and environment reward."""
     new.stamp_versions()
     spans = [s for s in old.spans if len(s)] + new.spans
     versions = [v for s in spans if s.sampled for v in (s.versions or [])]
-    return Rollout(old.prompt_id, finish_reason=new.finish_reason, spans=spans,
-                   policy_version=versions[0] if versions else new.policy_version)
+    return Rollout(old.prompt_id, finish_reason=new.finish_reason, spans=spans, text=new.text,
+                   policy_version=versions[0] if versions else new.policy_version, env_reward=new.env_reward)
 
 
 def _rows(groups: list[_Group]) -> tuple[list[Request], list[int], list[tuple[int, int]]]:
@@ -119,7 +120,8 @@ def _rows(groups: list[_Group]) -> tuple[list[Request], list[int], list[tuple[in
             if r.finish_reason != "partial":
                 continue
             if r.completion_ids:
-                requests.append(Request(g.request.prompt_id, g.request.prompt_ids, 1, list(r.completion_ids)))
+                requests.append(Request(g.request.prompt_id, g.request.prompt_ids, 1, list(r.completion_ids),
+                                        prefix_spans=list(r.spans)))
                 keys.append(g.keys[i])
                 slots.append((gi, i))
             else:
@@ -268,16 +270,23 @@ class RolloutScheduler:
         self.buffer += self._new_groups(requests)
 
     def _result(self, chosen: list[_Group]) -> StageResult:
-        """The chosen groups, their rollouts' text decoded whole, and the last call's cost."""
-        rollouts = [r for g in chosen for r in g.rollouts]
-        if rollouts:  # (a tokenizer decodes an empty batch as one empty text)
-            texts = self.generator.tokenizer.batch_decode([r.completion_ids for r in rollouts],
-                                                          skip_special_tokens=True)
-            for r, text in zip(rollouts, texts, strict=True):
+        """The chosen groups, their rollouts' text decoded whole, and the last call's cost.
+
+        An agent's trajectory keeps the text its generator gave (the last turn's), and a censored one (its
+        environment failed) is left out of its group, never scored (`rollouts_censored`)."""
+        censored = sum(r.finish_reason == "censored" for g in chosen for r in g.rollouts)
+        chosen = [_Group(g.id, g.request, g.keys, [r for r in g.rollouts if r.finish_reason != "censored"])
+                  for g in chosen]
+        plain = [r for g in chosen for r in g.rollouts if all(s.sampled for s in r.spans)]
+        if plain:  # (a tokenizer decodes an empty batch as one empty text)
+            texts = self.generator.tokenizer.batch_decode([r.completion_ids for r in plain], skip_special_tokens=True)
+            for r, text in zip(plain, texts, strict=True):
                 r.text = text
+        if censored or hasattr(self.generator, "env_factory"):  # an agent: its trajectories' statistics
+            self._metrics["rollouts_censored"] = float(censored)
         m = dict(self._metrics)
-        return StageResult([Generated(g.id, g.request, g.rollouts) for g in chosen], int(m.get("tokens_generated", 0)),
-                           int(m.get("rollouts_started", 0)), m)
+        return StageResult([Generated(g.id, g.request, g.rollouts) for g in chosen if g.rollouts],
+                           int(m.get("tokens_generated", 0)), int(m.get("rollouts_started", 0)), m)
 
     def _generate(self, groups: list[_Group], target: int | None, max_tokens: int | None = None) -> int:
         """Generate the unfinished rollouts of `groups`; with a target, stop once that many groups are complete."""
@@ -332,3 +341,5 @@ class RolloutScheduler:
             "partial_age_mean": float(np.mean(ages)) if ages else 0.0,
             "partial_age_max": float(max(ages, default=0)),
         }
+        if hasattr(self.generator, "metrics"):  # agent loop: its last call's statistics
+            self._metrics.update(self.generator.metrics())
