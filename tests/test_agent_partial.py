@@ -31,8 +31,8 @@ SCRIPTS = {  # key -> the model's turns
 
 
 class Keyed:
-    """Writes SCRIPTS[key]: the turn is the number of calls in the prefix, the place in the turn the
-    tokens written since the last tool turn. Rows decode together one token per step, as a batch."""
+    """Writes scripts[key % 4]: the turn is the number of turns inserted in the prefix, the place in the
+    turn the tokens written since the last one. Rows decode together one token per step, as a batch."""
 
     def __init__(self):
         from adarl.config import RolloutConfig
@@ -44,6 +44,7 @@ class Keyed:
         self.weight_listeners: list = []
         self.entropy_stats = None
         self._next = itertools.count(0)
+        self.scripts = SCRIPTS
 
     def add_stop(self, stop):
         self.cfg = self.cfg.model_copy(update={"stop": [*self.cfg.stop, stop]})
@@ -53,7 +54,7 @@ class Keyed:
 
     def replica(self):
         twin = Keyed()
-        twin.cfg, twin.policy_version = self.cfg, self.policy_version
+        twin.cfg, twin.policy_version, twin.scripts = self.cfg, self.policy_version, self.scripts
         return twin
 
     def pull_weights(self):
@@ -61,9 +62,9 @@ class Keyed:
 
     def _todo(self, key: int, prefix: list[int]) -> list[int]:
         text = self.tokenizer.decode(prefix, skip_special_tokens=False)
-        turn = text.count("</tool_call>")
-        written = text.split(TURN_START)[-1] if turn else text
-        script = SCRIPTS[key % 4][turn]
+        turn = text.count(TURN_START)  # each inserted turn ends by opening the model's next one
+        written = text.split(TURN_START)[-1]
+        script = self.scripts[key % 4][turn]
         assert script.startswith(written), (script, written)
         ids = self.tokenizer.encode(script, add_special_tokens=False)
         if "</tool_call>" not in script:

@@ -224,10 +224,23 @@ class ArpoConfig(Section):
     window: int = Field(20, gt=0, le=100_000)  # a segment's entropy: the mean over its first tokens
 
 
+class OpenEnvConfig(Section):
+    """An OpenEnv server the agent's trajectories run in (rollout/openenv.py), one session each."""
+
+    url: str = Field("http://127.0.0.1:8000", pattern=r"^(https?|wss?)://\S+$")
+    action_field: str = "message"  # each model turn is sent as the action {action_field: text}
+    observation_field: str | None = None  # the observation field shown to the model; None: all but reward/done
+    reset_columns: list[str] = []  # the problem's columns passed to reset (a seed, an episode id)
+    timeout_s: float = Field(30.0, gt=0, le=MAX_SECONDS)  # connecting, and each call
+
+
 class AgentConfig(Section):
     """Multi-turn tool use (rollout/agent.py): every rollout is a trajectory in an environment."""
 
-    environment: str = "calculator"  # a built-in name, or "package.module:Class" (TRL-style: reset + tools)
+    # a built-in name, "openenv" (an OpenEnv server: the `openenv` section), or "package.module:Class"
+    # (TRL-style: reset + tools; or gym-style: reset + step)
+    environment: str = "calculator"
+    openenv: OpenEnvConfig | None = None
     parser: Literal["tool_call", "python"] = "tool_call"  # how tool calls are written
     max_turns: int = Field(4, gt=0, le=256)  # model turns per trajectory
     max_tool_calls: int = Field(8, gt=0, le=4096)
@@ -238,6 +251,15 @@ class AgentConfig(Section):
     tools_prompt: bool = True  # describe the tools and the call format in a system message
     branching: ArpoConfig | None = None  # branch trajectories after tool calls; None: independent
     purify: bool = False  # CLEANER: drop a failed tool step that a successful one directly corrects
+
+    @model_validator(mode="after")
+    def _openenv(self) -> AgentConfig:
+        if self.environment == "openenv" and self.openenv is None:
+            self.openenv = OpenEnvConfig()
+        if self.openenv is not None and self.environment != "openenv":
+            raise ValueError(f"rollout.agent.openenv is set but rollout.agent.environment is {self.environment!r}; "
+                             "set environment: openenv")
+        return self
 
 
 TokenCount = Annotated[int, Field(gt=0, le=1_000_000)]  # a number of tokens, in a list

@@ -54,6 +54,7 @@ the slots left.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import json
@@ -128,12 +129,12 @@ PARSERS: dict[str, tuple[Callable[[str], list[ToolCall]], str]] = {
 # ---------------------------------------------------------------- tools
 
 def tools_of(env: Any) -> dict[str, Callable[..., Any]]:
-    """The environment's tools: its public methods other than `reset`, `get_reward` and `demonstration`."""
+    """The environment's tools: its public methods other than `reset`, `get_reward`, `demonstration`, `close`."""
     return {name: fn for name, fn in inspect.getmembers(env, callable)
             if not name.startswith("_") and name not in NOT_TOOLS and inspect.ismethod(fn)}
 
 
-NOT_TOOLS = ("reset", "get_reward", "demonstration")
+NOT_TOOLS = ("reset", "get_reward", "demonstration", "close")
 
 
 _JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array", dict: "object"}
@@ -209,6 +210,14 @@ def turns_of(spans: Sequence[Span]) -> list[tuple[list[int], list[Span]]]:
     return turns
 
 
+def close_env(env: Any) -> None:
+    """Release what an environment holds (an OpenEnv session), if it has a `close`; never raises."""
+    close = getattr(env, "close", None)
+    if callable(close):
+        with contextlib.suppress(Exception):  # closing is best effort
+            close()
+
+
 def purify(spans: list[Span]) -> tuple[list[Span], int]:
     """CLEANER's trajectory purification: a tool step that failed, directly followed by a step whose
     tool call succeeded, is dropped, so the trajectory trains as if the corrected call came first.
@@ -275,9 +284,11 @@ class AgentGenerator:
     def from_config(cls, generator: Any, cfg: Any, problems: Mapping[str, Problem],
                     max_new_tokens: int) -> AgentGenerator:
         """From a recipe's `rollout.agent` section (`adarl.config.AgentConfig`)."""
+        from adarl.rollout.openenv import OpenEnvSession
         from adarl.rollout.tools import environment_class
 
-        return cls(generator, environment_class(cfg.environment), problems, parser=cfg.parser,
+        env = OpenEnvSession.configured(cfg.openenv) if cfg.openenv is not None else environment_class(cfg.environment)
+        return cls(generator, env, problems, parser=cfg.parser,
                    max_turns=cfg.max_turns, max_tool_calls=cfg.max_tool_calls, tool_timeout_s=cfg.tool_timeout_s,
                    max_tool_output_tokens=cfg.max_tool_output_tokens,
                    max_context_tokens=cfg.max_context_tokens or 4 * max_new_tokens, tool_workers=cfg.tool_workers,
@@ -286,7 +297,7 @@ class AgentGenerator:
 
     def messages(self, problem: Problem) -> list[dict[str, str]]:
         """The problem's chat with the tools described in the system message (when `tools_prompt`)."""
-        return with_tools(problem, self.env_factory()) if self.tools_prompt else problem.messages
+        return with_tools(problem, self.env_factory()) if self.tools_prompt and not self.gym else problem.messages
 
     def demonstration(self, problem: Problem) -> Rollout | None:
         """A solved trajectory for SFT: the environment's `demonstration` calls (run for real, so the
@@ -521,7 +532,9 @@ class AgentGenerator:
             if t.finish == "partial" and t.env is not None:  # held for its continuation
                 self._live[(t.key, len(t.ids))] = (t.env, t.env_reward, t.turns, t.calls)
                 while len(self._live) > self.LIVE_MAX:
-                    self._live.pop(next(iter(self._live)))
+                    close_env(self._live.pop(next(iter(self._live)))[0])
+            elif t.env is not None and all(t.env is not u.env for u in rows if u.finish == "partial"):
+                close_env(t.env)
         self._measure(rows)
         if self.purify:
             self._metrics["agent/purified_steps"] = float(purified)
