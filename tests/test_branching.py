@@ -95,11 +95,13 @@ def test_branching_trains_end_to_end(tiny_model_dir, tmp_path, monkeypatch):
     assert row["rollout/branch/shared_token_fraction"] > 0
 
 
-def test_branching_needs_hf_and_sync(tiny_model_dir, tmp_path):
+def test_branching_needs_hf_and_no_async(tiny_model_dir, tmp_path):
     from adarl.config import RecipeError, load_recipe
     from test_train import recipe_data, write_task
 
-    for bad in ({"backend": "vllm"}, {"scheduler": {"mode": "partial"}}, {"agent": {}}):
+    load_recipe(data=recipe_data(tiny_model_dir, write_task(tmp_path),
+                                 rollout={"branching": {}, "scheduler": {"mode": "partial"}}))
+    for bad in ({"backend": "vllm"}, {"scheduler": {"mode": "async"}}, {"agent": {}}):
         with pytest.raises(RecipeError, match="rollout.branching needs"):
             load_recipe(data=recipe_data(tiny_model_dir, write_task(tmp_path), rollout={"branching": {}, **bad}))
 
@@ -148,3 +150,60 @@ def test_forks_taken_latest_first_still_share_one_prefix():
     # every child's prefix is made of the root's own span objects: the 4 prefix tokens are paid once
     assert all(s in root.spans for child in leaves[1:] for s in child.spans[:-1])
     assert sampled_tokens(leaves) == 5 + 4 * 2
+
+
+def test_partial_mode_carries_unfinished_branches(tiny_model_dir):
+    """Partial mode with EPTree on the tiny model: the step's token budget cuts trees; their unfinished
+    leaves are carried to later steps and continued, their shared prefix spans still shared; every
+    token is paid once; and a checkpoint taken mid-way resumes to the same groups, sharing included."""
+    import io
+
+    import torch
+
+    from adarl.config import ModelConfig, RolloutConfig, SchedulerConfig
+    from adarl.models import chat_ids, load_model
+    from adarl.rollout.hf import HfGenerator
+    from adarl.types import shared_span_owners
+
+    model, tok = load_model(ModelConfig(path=str(tiny_model_dir)))
+    cfg = RolloutConfig(max_new_tokens=16, temperature=1.0)
+    prompts = [chat_ids(tok, [{"role": "user", "content": t}]) for t in ["What is 12+34?", "Hi", "abc"]]
+
+    def build():
+        gen = BranchingGenerator(HfGenerator(model, tok, cfg, seed=3), roots=1, top_n=2, children=2)
+        return gen, RolloutScheduler(gen, SchedulerConfig(mode="partial", over_provision=1.0))
+
+    def run(resume_at: int | None = None):
+        gen, sched = build()
+        groups, spent, carried = [], 0, 0
+        for step in range(10):
+            res = sched.run([Request(f"s{step}", prompts[step % 3], 5)], max_tokens=45)
+            groups += res.groups
+            spent += res.tokens_spent
+            carried = max(carried, sched.metrics()["partial_rollouts_carried"])
+            if step == resume_at:
+                buffer = io.BytesIO()
+                torch.save({"scheduler": sched.state_dict(), "generator": gen.state_dict()}, buffer)
+                buffer.seek(0)
+                state = torch.load(buffer, weights_only=False)
+                gen, sched = build()
+                gen.load_state_dict(state["generator"])
+                sched.load_state_dict(state["scheduler"])
+        held = [r for g in sched.buffer for r in g.rollouts]
+        return groups, spent, carried, held
+
+    groups, spent, carried, held = run()
+    assert carried > 0 and len(groups) >= 3 and all(len(g.rollouts) == 5 for g in groups)
+    leaves = [r for g in groups for r in g.rollouts]
+    # paid once: the scheduler's count is every distinct sampled token, returned or still held
+    assert spent == sampled_tokens(leaves + held)
+    # a leaf continued after a cut still shares its prefix with its siblings
+    continued = [g for g in groups if any(sum(s.sampled for s in r.spans) > 2 for r in g.rollouts)]
+    assert any(shared_span_owners(g.rollouts) for g in continued)
+
+    resumed, spent2, _, _ = run(resume_at=3)
+    assert spent2 == spent and [g.request.prompt_id for g in resumed] == [g.request.prompt_id for g in groups]
+    for a, b in zip(groups, resumed, strict=True):
+        assert [r.completion_ids for r in a.rollouts] == [r.completion_ids for r in b.rollouts]
+        assert sorted(map(sorted, shared_span_owners(a.rollouts).values())) == \
+            sorted(map(sorted, shared_span_owners(b.rollouts).values()))

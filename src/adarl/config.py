@@ -375,10 +375,10 @@ class RolloutConfig(Section):
     def _check(self) -> RolloutConfig:
         if self.backend != "auto" and (problems := self.unsupported()):
             raise ValueError(problems[0])
-        if self.branching is not None and (self.agent is not None or self.scheduler.mode != "sync"):
-            raise ValueError("rollout.branching needs rollout.scheduler.mode: sync and no rollout.agent (agents branch "
-                             "after tool calls with rollout.agent.branching: ARPO/AEPO; trees across partial steps "
-                             "are not built yet)")
+        if self.branching is not None and (self.agent is not None or self.scheduler.mode == "async"):
+            raise ValueError("rollout.branching needs rollout.scheduler.mode: sync or partial, and no rollout.agent "
+                             "(agents branch after tool calls with rollout.agent.branching: ARPO/AEPO; async "
+                             "generation does not grow trees)")
         if self.budget_sentences is not None and (self.scheduler.mode != "sync" or self.agent is not None
                                                   or self.branching is not None):
             raise ValueError("rollout.budget_sentences needs rollout.scheduler.mode: sync, and no agent or branching")

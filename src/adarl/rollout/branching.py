@@ -145,20 +145,43 @@ class TreeGenerator:
     def generate(self, requests: list[Request], greedy: bool = False, max_new_tokens: int | None = None,
                  stop_when: Any = None, keys: Sequence[int] | None = None,
                  max_tokens: int | None = None) -> list[Rollout]:
-        """req.n leaves per request, each request's leaves consecutive."""
+        """req.n leaves per request, each request's leaves consecutive.
+
+        Partial mode (rollout/scheduler.py): a leaf the token budget cut comes back "partial" and
+        is carried to a later step with its spans, the shared prefix spans still shared; a request
+        with `prefix_ids` is such a leaf, and goes on as one row with its key, unbranched (its
+        tokens first, before new trees). Trees do not stop early on `stop_when`: a call grows its
+        trees to the end of its token budget, and groups completed beyond the scheduler's target
+        wait in its buffer."""
         if greedy:  # one greedy answer per row: nothing to branch
             return self.generator.generate(requests, greedy=True, max_new_tokens=max_new_tokens)
-        self._left, self._spent, self._stats = max_tokens, 0, {}
         cfg = getattr(self.generator, "cfg", None)
-        trees = self.grow(requests, max_new_tokens or getattr(cfg, "max_new_tokens", None))
-        assert all(len(t) == r.n for t, r in zip(trees, requests, strict=True))  # the generator's contract
-        out = [leaf for tree in trees for leaf in tree]
+        max_new = max_new_tokens or getattr(cfg, "max_new_tokens", None)
+        rows = np.cumsum([0] + [r.n for r in requests])
+        going = [j for j, r in enumerate(requests) if r.prefix_ids]
+        fresh = [j for j, r in enumerate(requests) if not r.prefix_ids]
+        self._left, self._spent, self._stats = max_tokens, 0, {}
+        by_request: dict[int, list[Rollout]] = {}
+        if going:
+            if any(requests[j].n != 1 for j in going):
+                raise ValueError("a continued leaf is one row (Request.n = 1)")
+            cont = self.generator.generate([requests[j] for j in going], max_new_tokens=max_new,
+                                           keys=None if keys is None else [keys[rows[j]] for j in going],
+                                           max_tokens=max_tokens)
+            self._spent = sum(len(r) for r in cont)
+            for j, r in zip(going, cont, strict=True):
+                r.stamp_versions()
+                by_request[j] = [r]
+        trees = self.grow([requests[j] for j in fresh], max_new) if fresh else []
+        assert all(len(t) == requests[j].n for t, j in zip(trees, fresh, strict=True))  # the generator's contract
+        by_request.update(zip(fresh, trees, strict=True))
+        out = [leaf for j in range(len(requests)) for leaf in by_request[j]]
         texts = self.generator.tokenizer.batch_decode([r.completion_ids for r in out], skip_special_tokens=True)
         for r, text in zip(out, texts, strict=True):
             r.text = text
         stored = sampled_tokens(out)  # a shared prefix once
         self.last_discarded_tokens = self._spent - stored
-        self._measure(trees, stored)
+        self._measure(trees, sampled_tokens([leaf for t in trees for leaf in t]))
         return out
 
     def _measure(self, trees: list[list[Rollout]], stored: int) -> None:

@@ -315,7 +315,8 @@ class RolloutScheduler:
         results = self.generator.generate(requests, stop_when=stop_when, keys=keys, max_tokens=max_tokens)
         for (gi, i), new in zip(slots, results, strict=True):
             groups[gi].rollouts[i] = _join(groups[gi].rollouts[i], new)
-        return sum(len(r) for r in results)
+        # a tree's shared prefix is paid once; a branch sampled then dropped (pruned) is paid too
+        return sampled_tokens(results) + getattr(self.generator, "last_discarded_tokens", 0)
 
     # ---------------------------------------------------------------- async mode
 
