@@ -48,6 +48,7 @@ METHODS: dict[str, list[str]] = {
     "guide": ["hints={name: guide, source: solution}"],
     "seele": ["hints={name: seele, source: solution}"],
     "adhint": ["hints={name: adhint, source: solution}", "advantage={name: adhint}"],
+    "xrpo_seeding": ["hints={name: xrpo, k: 2}"],
     "sdar": ["distill={method: sdar, teacher: policy, context: solution}"],
 }
 TASKS: dict[str, list[str]] = {

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import allocation  # noqa: E402
 from equal_budget import curve  # noqa: E402
 
-LADDER = ["uniform", "pilot_commit", "guide", "seele", "adhint", "sdar"]
+LADDER = ["uniform", "pilot_commit", "guide", "seele", "adhint", "xrpo_seeding", "sdar"]
 
 
 def ladder_table(results: dict[tuple[str, int], list[dict] | None], methods: list[str], seeds: list[int]) -> None:

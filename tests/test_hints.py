@@ -147,3 +147,71 @@ def test_the_ladder_is_logged_stored_and_drawn(tiny_model_dir, tmp_path, monkeyp
     assert [m.get("ladder/hinted") for m in metrics if m.get("step")] == [2.0, 2.0]
     image, caption = _heatmap_panel(ReportGroup("adhint", [load_run(tmp_path / "run")]))
     assert image is not None and "ladder rung" in caption  # a third map: the rungs
+
+
+def solved_group(pid: str, prompt: str, texts: list[str], correct: list[int], system: str | None = None) -> Group:
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+    rollouts = [Rollout(pid, [1], [0.0], "stop", text=t) for t in texts]
+    return Group(Problem(pid, messages, "1"), [1], rollouts, np.array(correct, float)[:, None], ("r",),
+                 np.array(correct, float))
+
+
+def test_xrpo_seeding_pool_and_exemplars_by_hand():
+    from adarl.hints.xrpo import overlap, seeded
+
+    seeding = registry.build("hints", {"name": "xrpo", "k": 2, "pool": 3})
+    # Jaccard by hand: {what, is, 2, plus, 3} vs {what, is, 7, plus, 8}: 3 shared of 7 words
+    assert overlap("What is 2 plus 3?", "what is 7 plus 8") == pytest.approx(3 / 7)
+    groups = [solved_group("a", "What is 2 plus 3?", ["It is 5, since 2+3=5.", "5"], [1, 1]),
+              solved_group("b", "Name a colour.", ["red"], [1]),
+              solved_group("c", "What is 4 plus 4?", ["8", "9"], [0, 0]),  # failed: not an exemplar
+              solved_group("d", "What is 9 times 9?", ["81"], [1])]
+    plans = seeding.plan(groups, 0)
+    assert list(seeding.exemplars) == ["a", "b", "d"]  # the shortest correct answer of each solved group
+    assert seeding.exemplars["a"] == ("What is 2 plus 3?", "5")
+    # c's exemplars: a (3 shared of {what,is,2,plus,3,4}: 3/6 = .5) and d ({what,is,4,plus,9,times}: 2/6)
+    (plan,) = plans
+    assert plan.problem.id == "c" and plan.n == 2 and plan.replace and plan.placement == "exemplars"
+    assert [m["content"] for m in plan.messages] == ["What is 2 plus 3?", "5", "What is 9 times 9?", "81",
+                                                     "What is 4 plus 4?"]
+    assert [m["role"] for m in plan.messages] == ["user", "assistant", "user", "assistant", "user"]
+    # a newer solution replaces the old one and counts as recent; the pool keeps the 3 most recent problems
+    seeding.plan([solved_group("e", "Spell cat.", ["c-a-t"], [1]), solved_group("b", "Name a colour.", ["blue"], [1])],
+                 0)
+    assert list(seeding.exemplars) == ["d", "e", "b"] and seeding.exemplars["b"][1] == "blue"
+    # never the prompt itself; ties go to the most recent; the system message stays first
+    sys_group = solved_group("d", "What is 9 times 9?", ["1"], [0], system="Be brief.")
+    assert [q for q, _ in seeding.shots(sys_group.problem)] == ["Name a colour.", "Spell cat."]  # b is newest
+    assert [m["role"] for m in seeded(sys_group.problem, [("q", "a")])] == ["system", "user", "assistant", "user"]
+    fresh = registry.build("hints", {"name": "xrpo", "k": 2, "pool": 3})
+    fresh.load_state_dict(seeding.state_dict())
+    assert fresh.exemplars == seeding.exemplars
+
+
+def test_xrpo_seeded_rollouts_replace_the_failed_group(tiny_model_dir, tmp_path, monkeypatch):
+    from adarl.config import load_recipe
+    from adarl.train.trainer import Trainer
+    from test_train import recipe_data
+
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
+    data = recipe_data(tiny_model_dir, write_hard_task(tmp_path), budget={"max_steps": 2, "prompts_per_step": 2},
+                       rewards=[{"type": "short_answer"}], allocate={"name": "fixed", "n": 4},
+                       hints={"name": "xrpo", "k": 1}, log={"tensorboard": False, "progress": False})
+    trainer = Trainer(load_recipe(data=data), tmp_path / "run")
+    trainer.hints.load_state_dict({"exemplars": [["old", "Compute 5", "SEEDED-ANSWER"]]})  # solved earlier
+    asked = []
+    complete = trainer.rollouts.complete
+
+    def spy(requests, max_tokens=None):
+        asked.extend(requests)
+        return complete(requests, max_tokens)
+
+    monkeypatch.setattr(trainer.rollouts, "complete", spy)
+    row = trainer.train_step()
+    rollouts = [r for g in trainer.last_groups for r in g.rollouts]
+    assert row["hints/groups"] == 2 and row["hints/xrpo/seeded_groups"] == 2
+    assert len(rollouts) == 8 and all(r.guided for r in rollouts)  # trained as if from the bare prompt
+    seeded = [trainer.tokenizer.decode(r.prompt_ids) for r in asked if "SEEDED-ANSWER" in
+              trainer.tokenizer.decode(r.prompt_ids)]
+    assert len(seeded) == 2 and all("Compute 5" in s for s in seeded)
+    assert all(g.prompt_ids == trainer.prompt_ids(g.problem) for g in trainer.last_groups)  # bare context

@@ -37,7 +37,7 @@ _BUILTINS = {
     "tokens": ["adarl.tokens.d3s", "adarl.tokens.high_entropy"],
     "loss": ["adarl.loss.ppo", "adarl.loss.gspo", "adarl.loss.bapo", "adarl.loss.hapo", "adarl.loss.aepo",
              "adarl.loss.decoupled"],
-    "hints": ["adarl.hints.guide", "adarl.hints.seele", "adarl.hints.adhint"],
+    "hints": ["adarl.hints.guide", "adarl.hints.seele", "adarl.hints.adhint", "adarl.hints.xrpo"],
 }
 _loaded = False
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from adarl.types import Group, Problem, Request, Span
 
-Placement = Literal["context", "prefix"]
+Placement = Literal["context", "prefix", "exemplars"]
 
 
 @dataclass
@@ -33,6 +33,7 @@ class HintPlan:
     placement: Placement
     replace: bool  # True: the hinted rollouts replace the failed group (Guide); False: they join it
     ratio: float = 1.0  # the fraction of the hint source it holds (SEELE, ADHint)
+    messages: list[dict[str, str]] | None = None  # "exemplars": the whole seeded chat (XRPO)
 
 
 def all_failed(group: Group) -> bool:
@@ -68,7 +69,8 @@ def hint_rung(t: Any, groups: dict[str, Group], metrics: Any) -> None:
         inserted = [t.tokenizer.encode(p.text, add_special_tokens=False) if p.placement == "prefix" else []
                     for p in plans]
         requests = [Request(p.problem.id, chat_ids(t.tokenizer, p.problem.with_note(f"Hint: {p.text}"))
-                            if p.placement == "context" else t.prompt_ids(p.problem) + ids, p.n)
+                            if p.placement == "context" else chat_ids(t.tokenizer, p.messages)
+                            if p.placement == "exemplars" else t.prompt_ids(p.problem) + ids, p.n)
                     for p, ids in zip(plans, inserted, strict=True)]
         result = t.rollouts.complete(requests, max_tokens=t.budget.step_tokens_left())
         t.budget.spend(result.rollouts_started, tokens=result.tokens_spent)
@@ -81,7 +83,7 @@ def hint_rung(t: Any, groups: dict[str, Group], metrics: Any) -> None:
                 if ids:  # the beginning of the answer: a hint span, never trained or counted
                     r.spans.insert(0, Span("hint", list(ids)))
                     r.text = t.tokenizer.decode(r.completion_ids, skip_special_tokens=True)
-                elif plan.placement == "context":  # Guide: trained as if the hint were absent
+                else:  # in the context (Guide, XRPO's exemplars): trained as if it were absent
                     r.guided = True
             done.append(plan)
             fresh.append(Group(plan.problem, t.prompt_ids(plan.problem), gen.rollouts, group_id=gen.group_id))
