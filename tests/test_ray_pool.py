@@ -283,7 +283,12 @@ def test_sapo_trainers_train_on_each_others_groups_scored_by_themselves(tiny_mod
             texts = [b.tokenizer.decode(r.completion_ids, skip_special_tokens=True) for r in g.rollouts]
             np.testing.assert_allclose(g.reward, [t.count("a") / max(len(t), 1) for t in texts])
         # B's budget paid for its own tokens only; its difficulty store saw only its own prompts
-        assert rb["step_tokens"] == sum(len(r) for g in b.last_groups for r in g.rollouts)
+        own = sum(len(r) for g in b.last_groups for r in g.rollouts)
+        assert rb["step_tokens"] == own
+        # the effective fraction is over every token trained, foreign ones included (it was over own ones: > 1)
+        effective = sum(len(r) for r, a in zip(trained[0].rollouts, trained[0].advantages, strict=True) if a)
+        assert rb["effective_token_fraction"] == pytest.approx(
+            effective / (own + sum(len(r) for g in foreign for r in g.rollouts)))
         assert b.store.state_dict() is not None and len(b.last_groups) == 3
         ra2 = a.train_step()
         assert ra2["sapo/taken"] == 2  # and A now trains on B's

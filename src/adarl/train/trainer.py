@@ -157,7 +157,7 @@ class Trainer:
         metrics.update(batch_metrics(self.last_groups, batch))
         metrics.update({f"allocate/{key}": value for key, value in self.allocator.metrics().items()})
         t0 = time.perf_counter()
-        self.learn(batch, metrics)
+        self.learn(batch, metrics, foreign)
         metrics["train_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         self.generator.update_weights()
@@ -228,8 +228,9 @@ class Trainer:
         counts = plan_spares(self.allocator, chosen, needed, self.store, self.budget)
         return [Request(p.id, self.prompt_ids(p), counts[p.id]) for p in chosen if counts.get(p.id, 0) > 0]
 
-    def learn(self, batch: Batch, metrics: dict[str, Any]) -> None:
-        """Advantages, token weights and the policy update of a verified batch."""
+    def learn(self, batch: Batch, metrics: dict[str, Any], foreign: Sequence[Group] = ()) -> None:
+        """Advantages, token weights and the policy update of a verified batch (`foreign`: the groups
+        in it that other trainers sampled, SAPO)."""
         self.last_advantages = {}
         if not batch.groups:  # every group was filtered out: nothing to learn from this step
             metrics["effective_token_fraction"] = 0.0
@@ -238,7 +239,8 @@ class Trainer:
         weights, token_metrics = weigh_tokens(self.token_weightings, batch, self.progress())
         metrics.update(token_metrics)
         # over the same tokens: those of this step's groups (partial mode reuses tokens of earlier steps)
-        sampled = sum(len(r) for g in self.last_groups for r in g.rollouts)
+        # and of the foreign groups it trains on
+        sampled = sum(len(r) for g in [*self.last_groups, *foreign] for r in g.rollouts)
         metrics["effective_token_fraction"] = effective_tokens(batch, weights) / max(sampled, 1)
         crash_point("backward", self.step + 1)
         metrics.update(self.learner.update(batch, weights))
