@@ -76,6 +76,9 @@ WALK = {
         advantage={"name": "treepo"}, hints={"name": "adhint", "source": "answer"},
         distill={"method": "aopd", "teacher": "ema", "top_k": 4}),
     "adhint_advantage": dict(advantage={"name": "adhint"}, hints={"name": "adhint", "source": "answer"}),
+    # contains_a: some groups are solved (the exemplar pool fills), others all fail (they are seeded)
+    "xrpo_seeding": dict(rewards=[{"type": "callable", "function": "e2e_rewards:contains_a"}],
+                         hints={"name": "xrpo", "k": 1}),
 }
 
 

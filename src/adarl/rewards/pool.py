@@ -513,9 +513,12 @@ class WorkerPool:
         self.close()
 
     def __del__(self) -> None:
-        with contextlib.suppress(Exception):
+        # at interpreter exit module globals (contextlib among them) may already be None: no `with` here
+        try:  # noqa: SIM105
             if not getattr(self, "_closed", True):
                 self.close()
+        except Exception:
+            pass
 
     @property
     def pids(self) -> list[int]:
