@@ -88,8 +88,12 @@ def run_condition(name: str, seed: int, args: argparse.Namespace) -> dict:
 
 
 def throughput(args: argparse.Namespace, rows: int = 32) -> dict:
-    """Sampled tokens/s of the agent loop and of plain generation, same model, prompts and rows."""
-    recipe = load_recipe(RECIPE, [f"model.threads={args.threads}"])
+    """Sampled tokens/s of the agent loop and of plain generation, same model, prompts and rows.
+
+    The model is the seed-0 SFT model when it exists (it calls the calculator, so the loop really
+    runs tool turns), else the recipe's base model."""
+    sft = Path(args.runs) / "seed0" / "sft" / "final"
+    recipe = load_recipe(RECIPE, [f"model.threads={args.threads}"] + ([f"model.path={sft}"] if sft.exists() else []))
     model, tok = load_model(recipe.model, for_training=False)
     problems = build_task(recipe.task, 0).train[: rows // 4]
     out = {}
@@ -103,7 +107,11 @@ def throughput(args: argparse.Namespace, rows: int = 32) -> dict:
         rollouts = gen.generate(requests)
         seconds = time.perf_counter() - t0
         sampled = sum(len(r) for r in rollouts)
-        out[label] = {"sampled_tokens": sampled, "seconds": seconds, "tokens_per_s": sampled / seconds}
+        out[label] = {"sampled_tokens": sampled, "seconds": seconds, "tokens_per_s": sampled / seconds,
+                      "model": str(recipe.model.path)}
+        if label == "agent":
+            out[label].update({k: v for k, v in gen.metrics().items() if k in ("agent/tool_calls", "agent/turns_mean",
+                                                                               "agent/inserted_tokens")})
         gen.close()
     out["ratio"] = out["agent"]["tokens_per_s"] / out["plain"]["tokens_per_s"]
     return out
@@ -122,14 +130,20 @@ def main() -> None:
     parser.add_argument("--throughput", action="store_true", help="also time the loop against plain generation")
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
-    table = {c: [run_condition(c, s, args)["pass@1"] for s in seeds] for c in args.conditions.split(",")}
+    conditions = [c for c in args.conditions.split(",") if c]  # --conditions "": only --throughput
+    unknown = set(conditions) - {"base_tools", "sft", "sft_rl", "rl_no_tools"}
+    if unknown:
+        parser.error(f"unknown conditions {sorted(unknown)}")
+    table = {c: [run_condition(c, s, args)["pass@1"] for s in seeds] for c in conditions}
     print("\n| condition | seeds | held-out pass@1 per seed | mean |\n|---|---|---|---|")
     for c, values in table.items():
         print(f"| {c} | {len(values)} | {', '.join(f'{v:.3f}' for v in values)} | {np.mean(values):.3f} |")
     if args.throughput:
         t = throughput(args)
         plain, loop = t["plain"]["tokens_per_s"], t["agent"]["tokens_per_s"]
-        print(f"\nsampled tokens/s: plain {plain:.1f}, agent loop {loop:.1f}, ratio {t['ratio']:.2f}")
+        print(f"\nsampled tokens/s: plain {plain:.1f}, agent loop {loop:.1f}, ratio {t['ratio']:.2f} ({t['agent']})")
+        Path(args.results).mkdir(parents=True, exist_ok=True)
+        (Path(args.results) / "throughput.json").write_text(json.dumps(t, indent=2))
 
 
 if __name__ == "__main__":
