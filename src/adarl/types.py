@@ -52,12 +52,12 @@ class Request:
     prompt_ids: list[int]
     n: int
     prefix_ids: list[int] | None = None  # continue from this partial completion
-    # the partial completion's spans (ids = prefix_ids): an agent continues a trajectory from them, replaying
-    # its tool calls into a fresh environment when it no longer holds the live one (rollout/agent.py)
-    prefix_spans: list[Span] | None = None
     # stop this request's rows at this many tokens after the prompt (prefix included), below the
     # call's max_new_tokens (a tree's segment); they finish "length" there
     max_new_tokens: int | None = None
+    # the partial completion's spans (ids = prefix_ids): an agent continues a trajectory from them, replaying
+    # its tool calls into a fresh environment when it no longer holds the live one (rollout/agent.py)
+    prefix_spans: list[Span] | None = None
 
 
 Role = Literal["model", "tool", "hint", "template"]
