@@ -289,3 +289,26 @@ def test_stop_when_sees_rows_and_groups_finished(model_and_tokenizer):
 def test_progress_counts():
     p = Progress([True, False, True, True, False], [0, 0, 1, 1, 2])
     assert (p.rows_finished, p.groups_finished) == (3, 1)
+
+
+def test_prefixes_prefill_on_their_prompts_shared_cache(model_and_tokenizer):
+    """Requests with prefixes (an agent's later turns, continued partial rows) pre-fill each distinct
+    prompt once, then only their own prefix: the greedy continuation and its log-probs are those of
+    transformers on prompt + prefix, whatever the other rows of the call are (shared prompt, another
+    prompt, no prefix)."""
+    model, tok = model_and_tokenizer
+    a, b = prompts(tok, ["What is 12+34?", "Hi"])
+    requests = [Request("a0", a, 2), Request("a1", a, 1, [40, 41, 42]), Request("a2", a, 1, [50]),
+                Request("b1", b, 1, [60, 61, 62, 63, 64])]
+    gen = HfGenerator(model, tok, RolloutConfig(max_new_tokens=14, max_batch=8))
+    out = gen.generate(requests, greedy=True)
+    rows = [r for r in requests for _ in range(r.n)]
+    for req, r in zip(rows, out, strict=True):
+        context = req.prompt_ids + (req.prefix_ids or [])
+        expected = model.generate(torch.tensor([context]), max_new_tokens=14 - len(req.prefix_ids or []),
+                                  do_sample=False, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+        assert r.completion_ids == expected[0, len(context):].tolist(), req.prompt_id
+        with torch.no_grad():
+            logp = torch.log_softmax(model(torch.tensor([context + r.completion_ids])).logits[0].float(), -1)
+        want = [float(logp[len(context) - 1 + t, tok_]) for t, tok_ in enumerate(r.completion_ids)]
+        np.testing.assert_allclose(r.logprobs, want, atol=2e-4)

@@ -311,26 +311,50 @@ class HfGenerator:
     def _prefill(
         self, requests: list[Request], rows: list[_Row]
     ) -> tuple[torch.Tensor, DynamicCache, torch.Tensor, torch.Tensor]:
-        """Pre-fill each distinct prompt once; copy its cache to its rows."""
+        """Pre-fill each distinct prompt once and copy its cache to its rows; a request with
+        `prefix_ids` (an agent's later turn, a continued partial rollout) then pre-fills only its
+        prefix, on a copy of its prompt's cache. Returns each row's last logits, the cache, the
+        attention mask and the position of its next token."""
         order = sorted({r.request for r in rows})
-        prompts = [requests[i].prompt_ids + (requests[i].prefix_ids or []) for i in order]
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        attn = torch.zeros((len(prompts), width), dtype=torch.long)
-        for i, p in enumerate(prompts):  # left padding
-            ids[i, width - len(p) :] = torch.tensor(p)
-            attn[i, width - len(p) :] = 1
-        pos = (attn.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache()
-        out = self.model(
-            input_ids=ids, attention_mask=attn, position_ids=pos, past_key_values=cache,
-            use_cache=True, logits_to_keep=1,
-        )
+        prompts = list(dict.fromkeys(tuple(requests[i].prompt_ids) for i in order))
+        logits, cache, attn, pos = self._forward_left_padded([list(p) for p in prompts], None, None, None)
+        first = [prompts.index(tuple(requests[i].prompt_ids)) for i in order]  # request -> its prompt
+        prefixes = [list(requests[i].prefix_ids or []) for i in order]
+        next_pos = pos[first] + 1
+        if any(prefixes):
+            cache.batch_select_indices(torch.tensor(first))
+            after, cache, attn, _ = self._forward_left_padded(prefixes, cache, attn[first], next_pos)
+            has = torch.tensor([bool(p) for p in prefixes])
+            logits = torch.where(has[:, None], after, logits[first])
+            next_pos = next_pos + torch.tensor([len(p) for p in prefixes])
+            first = list(range(len(order)))
         where = {req: i for i, req in enumerate(order)}
-        row_prompt = torch.tensor([where[r.request] for r in rows])
-        cache = out.past_key_values
-        cache.batch_select_indices(row_prompt)
-        return out.logits[row_prompt, -1].float(), cache, attn[row_prompt], pos[row_prompt, -1] + 1
+        row_of = torch.tensor([first[where[r.request]] for r in rows])
+        cache.batch_select_indices(row_of)
+        return logits[row_of], cache, attn[row_of], next_pos[torch.tensor([where[r.request] for r in rows])]
+
+    def _forward_left_padded(
+        self, seqs: list[list[int]], cache: DynamicCache | None, attn_before: torch.Tensor | None,
+        start: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, DynamicCache, torch.Tensor, torch.Tensor]:
+        """Run `seqs` (left-padded to one width) after `cache` (whose mask is `attn_before`, and whose
+        rows continue at positions `start`), or from scratch. Returns the last position's float32
+        logits (a row with an empty sequence gets its pad's: ignore them), the cache, the whole
+        attention mask, and each row's last real position."""
+        width = max(len(p) for p in seqs)
+        ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
+        attn = torch.zeros((len(seqs), width), dtype=torch.long)
+        for i, p in enumerate(seqs):
+            if p:
+                ids[i, width - len(p):] = torch.tensor(p)
+                attn[i, width - len(p):] = 1
+        pos = (attn.cumsum(-1) - 1).clamp(min=0) + (0 if start is None else start[:, None])
+        if attn_before is not None:
+            attn = torch.cat([attn_before, attn], dim=-1)
+        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos,
+                         past_key_values=cache if cache is not None else DynamicCache(), use_cache=True,
+                         logits_to_keep=1)
+        return out.logits[:, -1].float(), out.past_key_values, attn, pos[:, -1]
 
     def _sample(self, logits: torch.Tensor, greedy: bool, u: np.ndarray | None) -> _Step:
         """Draw one token per row; `u` holds each row's uniform (unused when greedy)."""
