@@ -312,3 +312,36 @@ def test_prefixes_prefill_on_their_prompts_shared_cache(model_and_tokenizer):
             logp = torch.log_softmax(model(torch.tensor([context + r.completion_ids])).logits[0].float(), -1)
         want = [float(logp[len(context) - 1 + t, tok_]) for t, tok_ in enumerate(r.completion_ids)]
         np.testing.assert_allclose(r.logprobs, want, atol=2e-4)
+
+
+def test_a_retained_cache_continues_a_row_as_a_fresh_prefill_does(model_and_tokenizer):
+    """With `retain`, a row whose turn ended keeps its cache: its next request (the same key, an
+    inserted turn appended) pre-fills only the new tokens (the row's last sampled token and the
+    insert), and samples what a generator pre-filling everything samples."""
+    model, tok = model_and_tokenizer
+    a, b = prompts(tok, ["What is 12+34?", "Hi"])
+    cfg = RolloutConfig(max_new_tokens=40, temperature=1.0, stop=["e", "1", " ", "a"])
+    plain, kept = HfGenerator(model, tok, cfg, seed=5), HfGenerator(model, tok, cfg, seed=5)
+    kept.retain(1 << 30)
+    first = [Request("a", a, 3), Request("b", b, 2)]
+    keys = [11, 12, 13, 14, 15]
+    out_p, out_k = plain.generate(first, keys=keys), kept.generate(first, keys=keys)
+    assert [r.completion_ids for r in out_p] == [r.completion_ids for r in out_k]
+    stopped = [(req, k, r) for req, k, r in zip([first[0]] * 3 + [first[1]] * 2, keys, out_k, strict=True)
+               if r.finish_reason == "stop"]
+    assert len(stopped) >= 2 and len(kept._retained) == len(stopped)
+    insert = tok.encode("<tool>", add_special_tokens=False)
+    second = [Request(req.prompt_id, req.prompt_ids, 1, r.completion_ids + insert) for req, _, r in stopped]
+    second_keys = [k for _, k, _ in stopped]
+    p0, k0 = plain.prefilled_tokens, kept.prefilled_tokens
+    more_p = plain.generate(second, keys=second_keys, max_new_tokens=80)
+    more_k = kept.generate(second, keys=second_keys, max_new_tokens=80)
+    assert kept.prefilled_tokens - k0 == len(stopped) * (1 + len(insert))  # the last sampled token + the insert
+    assert plain.prefilled_tokens - p0 > 2 * (kept.prefilled_tokens - k0)
+    for x, y in zip(more_p, more_k, strict=True):
+        assert x.completion_ids == y.completion_ids
+        np.testing.assert_allclose(x.logprobs, y.logprobs, atol=2e-4)
+    kept.generate(first, keys=keys)
+    assert kept._retained
+    kept.update_weights()  # another policy: nothing retained survives
+    assert not kept._retained

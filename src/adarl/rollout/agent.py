@@ -251,7 +251,8 @@ class AgentGenerator:
     def __init__(self, generator: Any, env_factory: Callable[[], Any], problems: Mapping[str, Problem], *,
                  parser: str = "tool_call", max_turns: int = 4, max_tool_calls: int = 8, tool_timeout_s: float = 10.0,
                  max_tool_output_tokens: int = 256, max_context_tokens: int = 1024, tool_workers: int = 4,
-                 tools_prompt: bool = True, branching: ArpoBranching | None = None, purify: bool = False) -> None:
+                 tools_prompt: bool = True, branching: ArpoBranching | None = None, purify: bool = False,
+                 retain_bytes: int = 512 << 20) -> None:
         if parser not in PARSERS:
             raise ValueError(f"unknown tool-call parser {parser!r}; parsers: {', '.join(PARSERS)}")
         self._options = {k: v for k, v in locals().items() if k not in ("self", "generator", "env_factory", "problems")}
@@ -266,6 +267,8 @@ class AgentGenerator:
         if not self.gym and stop not in generator.cfg.stop:
             generator.add_stop(stop)
         self.before_tool, self.after_tool = self.check(generator.tokenizer, "user" if self.gym else "tool")
+        if hasattr(generator, "retain"):  # hf: a row's next turn pre-fills only the tool turn (rollout/hf.py)
+            generator.retain(retain_bytes)
         self._metrics: dict[str, float] = {}
         # (key, ids so far) of each partial trajectory returned -> (environment, env reward, turns, calls)
         self._live: dict[tuple[int, int], tuple[Any, float | None, int, int]] = {}
@@ -535,6 +538,8 @@ class AgentGenerator:
                     close_env(self._live.pop(next(iter(self._live)))[0])
             elif t.env is not None and all(t.env is not u.env for u in rows if u.finish == "partial"):
                 close_env(t.env)
+        if hasattr(self.generator, "drop_retained"):  # a continued trajectory pre-fills anew (weights change)
+            self.generator.drop_retained()
         self._measure(rows)
         if self.purify:
             self._metrics["agent/purified_steps"] = float(purified)

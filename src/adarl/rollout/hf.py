@@ -26,6 +26,13 @@ of (seed, key, t), whichever other rows share the batch, whatever the batch size
 rows are decoded in. Fresh rows get keys from (seed, a count of sampling `generate` calls, request
 index, row index) (`new_keys`); the count is the generator's whole random state (`state_dict`).
 
+Retained caches (`retain(max_bytes)`, used by the agent loop): a sampled row that ends its turn
+("stop") leaves its KV cache behind, keyed by its sampling key and stamped with the ids it covers
+and the policy version. A later request of that key whose prompt + prefix extends those ids (the
+same trajectory, a tool turn appended) pre-fills only the new tokens on top of it. Entries past
+`max_bytes` are dropped oldest first; `drop_retained()` empties the store, and any weight change
+does (an entry of another policy version is never used).
+
 Partial rollouts (APRIL, algorithms.md §3.1): `generate(..., stop_when=f)` calls f(Progress) after
 every decoding step and stops when it returns True; unfinished rows come back with
 finish_reason "partial" and the tokens, log-probs and entropies sampled so far. A request with
@@ -156,6 +163,20 @@ class _Step:
     top2: torch.Tensor | None = None  # (B, 4): top-1 id, its probability, top-2 id, its probability
 
 
+@dataclass
+class _Retained:
+    """A row's KV cache at the end of a turn: every layer's keys and values (heads, tokens, dim)."""
+
+    ids: tuple[int, ...]  # the tokens it covers: prompt + prefix + the row's tokens but the last
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    version: int  # the policy version that computed it
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in [*self.keys, *self.values])
+
+
 class HfGenerator:
     capabilities = CAPABILITIES["hf"]  # rollout/capabilities.py: what recipes may ask of this backend
 
@@ -177,6 +198,9 @@ class HfGenerator:
         self._temperature_sum = 0.0
         self._temperature_count = 0
         self._weight_pairs: list[tuple[torch.Tensor, torch.Tensor]] = []  # a replica's (own, source) tensors
+        self.prefilled_tokens = 0  # tokens pre-filled so far (prompts, prefixes: not sampled)
+        self._retain_bytes = 0  # retained caches: off until `retain`
+        self._retained: dict[int, _Retained] = {}  # row key -> its cache at the end of its last turn
         eos = model.generation_config.eos_token_id if model.generation_config is not None else None
         eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         if tokenizer.eos_token_id is not None:
@@ -195,6 +219,7 @@ class HfGenerator:
         its generation model there).
         """
         self.policy_version += 1
+        self._retained.clear()
         for listener in self.weight_listeners:
             listener()
 
@@ -205,6 +230,40 @@ class HfGenerator:
         """End rows at `stop` too (the agent loop's end-of-call marker); the recipe's config is not changed."""
         self.cfg = self.cfg.model_copy(update={"stop": [*self.cfg.stop, stop]})
         self.stop_window = max(self.stop_window, len(self.tokenizer.encode(stop, add_special_tokens=False)) + 2)
+
+    def retain(self, max_bytes: int) -> None:
+        """Keep each sampled row's cache at the end of its turn, up to `max_bytes` in all (0: off)."""
+        self._retain_bytes = max_bytes
+        self.drop_retained()
+
+    def drop_retained(self) -> None:
+        self._retained.clear()
+
+    def _keep(self, row: _Row, request: Request, cache: DynamicCache, j: int, attn: torch.Tensor) -> None:
+        """Retain row `row` (at batch position `j`) whose turn just ended: the cache of every token fed so far."""
+        real = attn[j].bool()
+        keys = [layer.keys[j][:, real].clone() for layer in cache.layers]
+        values = [layer.values[j][:, real].clone() for layer in cache.layers]
+        ids = tuple(request.prompt_ids) + tuple(row.prefix) + tuple(row.tokens[:-1])  # the last token is not fed yet
+        self._retained.pop(row.key, None)
+        self._retained[row.key] = _Retained(ids, keys, values, self.policy_version)
+        total = sum(e.nbytes for e in self._retained.values())
+        while total > self._retain_bytes and self._retained:
+            total -= self._retained.pop(next(iter(self._retained))).nbytes
+
+    def _reuse(self, requests: list[Request], rows: list[_Row]) -> list[_Retained] | None:
+        """The retained cache of every row, if each row is one request that extends its own; else None."""
+        if not self._retained or len(rows) != len({r.request for r in rows}):
+            return None
+        found = []
+        for row in rows:
+            entry = self._retained.get(row.key)
+            context = tuple(requests[row.request].prompt_ids) + tuple(requests[row.request].prefix_ids or [])
+            if (entry is None or entry.version != self.policy_version or len(entry.ids) >= len(context)
+                    or context[: len(entry.ids)] != entry.ids):
+                return None
+            found.append(entry)
+        return found
 
     @property
     def max_batch(self) -> int:
@@ -227,6 +286,7 @@ class HfGenerator:
 
     def pull_weights(self) -> None:
         """A replica: copy the weights of the generator it was made from."""
+        self._retained.clear()
         with torch.no_grad():
             for dst, src in self._weight_pairs:
                 dst.copy_(src)
@@ -315,6 +375,8 @@ class HfGenerator:
         `prefix_ids` (an agent's later turn, a continued partial rollout) then pre-fills only its
         prefix, on a copy of its prompt's cache. Returns each row's last logits, the cache, the
         attention mask and the position of its next token."""
+        if (kept := self._reuse(requests, rows)) is not None:
+            return self._prefill_on_retained(requests, rows, kept)
         order = sorted({r.request for r in rows})
         prompts = list(dict.fromkeys(tuple(requests[i].prompt_ids) for i in order))
         logits, cache, attn, pos = self._forward_left_padded([list(p) for p in prompts], None, None, None)
@@ -333,6 +395,31 @@ class HfGenerator:
         cache.batch_select_indices(row_of)
         return logits[row_of], cache, attn[row_of], next_pos[torch.tensor([where[r.request] for r in rows])]
 
+    def _prefill_on_retained(
+        self, requests: list[Request], rows: list[_Row], kept: list[_Retained]
+    ) -> tuple[torch.Tensor, DynamicCache, torch.Tensor, torch.Tensor]:
+        """Each row's retained cache, left-padded into one batch, then only its new tokens."""
+        width = max(len(e.ids) for e in kept)
+        cache = DynamicCache()
+        for layer in range(len(kept[0].keys)):
+            k0, v0 = kept[0].keys[layer], kept[0].values[layer]
+            keys = k0.new_zeros((len(kept), k0.shape[0], width, k0.shape[-1]))
+            values = v0.new_zeros((len(kept), v0.shape[0], width, v0.shape[-1]))
+            for i, e in enumerate(kept):
+                keys[i, :, width - len(e.ids):] = e.keys[layer]
+                values[i, :, width - len(e.ids):] = e.values[layer]
+            cache.update(keys, values, layer)
+        attn = torch.zeros((len(kept), width), dtype=torch.long)
+        for i, e in enumerate(kept):
+            attn[i, width - len(e.ids):] = 1
+        start = torch.tensor([len(e.ids) for e in kept])
+        new = [list(requests[r.request].prompt_ids + (requests[r.request].prefix_ids or []))[len(e.ids):]
+               for r, e in zip(rows, kept, strict=True)]
+        for row in rows:
+            self._retained.pop(row.key, None)  # used: the row's next turn end leaves a new one
+        logits, cache, attn, _ = self._forward_left_padded(new, cache, attn, start)
+        return logits, cache, attn, start + torch.tensor([len(x) for x in new])
+
     def _forward_left_padded(
         self, seqs: list[list[int]], cache: DynamicCache | None, attn_before: torch.Tensor | None,
         start: torch.Tensor | None,
@@ -349,6 +436,7 @@ class HfGenerator:
                 ids[i, width - len(p):] = torch.tensor(p)
                 attn[i, width - len(p):] = 1
         pos = (attn.cumsum(-1) - 1).clamp(min=0) + (0 if start is None else start[:, None])
+        self.prefilled_tokens += int(attn.sum())
         if attn_before is not None:
             attn = torch.cat([attn_before, attn], dim=-1)
         out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos,
@@ -434,6 +522,8 @@ class HfGenerator:
                 self._temperature_count += 1
                 if is_eos[j] or self._stopped(row):
                     row.finish = "stop"
+                    if self._retain_bytes and not greedy:
+                        self._keep(row, requests[row.request], cache, j, attn)
                 elif len(row.prefix) + len(row.tokens) >= row.limit:
                     row.finish = "length"
                 else:
