@@ -88,7 +88,8 @@ def run_condition(name: str, seed: int, args: argparse.Namespace) -> dict:
 
 
 def throughput(args: argparse.Namespace, rows: int = 32) -> dict:
-    """Sampled tokens/s of the agent loop and of plain generation, same model, prompts and rows.
+    """Sampled tokens/s of the agent loop and of plain generation, same model, prompts (with the tools
+    described) and rows.
 
     The model is the seed-0 SFT model when it exists (it calls the calculator, so the loop really
     runs tool turns), else the recipe's base model."""
@@ -97,11 +98,13 @@ def throughput(args: argparse.Namespace, rows: int = 32) -> dict:
     model, tok = load_model(recipe.model, for_training=False)
     problems = build_task(recipe.task, 0).train[: rows // 4]
     out = {}
+    agent_rollout = recipe.rollout.model_copy(update={"backend": "hf"})
+    described = build_generator(model, tok, agent_rollout, problems=problems).messages  # the tools in the prompt
+    # both sample from the same prompts (the tools described); plain generation runs one call to eos
     for label, rollout in (("plain", recipe.rollout.model_copy(update={"agent": None, "backend": "hf"})),
-                           ("agent", recipe.rollout.model_copy(update={"backend": "hf"}))):
+                           ("agent", agent_rollout)):
         gen = build_generator(model, tok, rollout, problems=problems)
-        chat = gen.messages if label == "agent" else (lambda p: p.messages)
-        requests = [Request(p.id, chat_ids(tok, chat(p)), 4) for p in problems]
+        requests = [Request(p.id, chat_ids(tok, described(p)), 4) for p in problems]
         gen.generate(requests[:1])  # warm-up
         t0 = time.perf_counter()
         rollouts = gen.generate(requests)
