@@ -278,3 +278,29 @@ def test_auto_picks_vllm_when_installed_and_able(over, expected, monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
     assert resolve_backend(recipe) == "hf"
 
+
+
+def test_merged_lora_weights_leave_the_model_untouched(tiny_model_dir):
+    """No engine needed: the pushed weights of a LoRA model are W + ΔW (what PEFT's merge gives), and
+    pushing never modifies the model (merging in place and unmerging left rounding in the frozen W)."""
+    import copy
+
+    from adarl.rollout.vllm import hf_weights
+
+    torch.manual_seed(0)
+    model, _ = load_model(ModelConfig(path=str(tiny_model_dir), lora={"r": 4, "target_modules": ["q_proj", "v_proj"]}))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    before = {n: t.clone() for n, t in model.state_dict().items()}
+    for _ in range(3):  # one push per update
+        pushed = dict(hf_weights(model))
+    after = model.state_dict()
+    assert all(torch.equal(before[n], after[n]) for n in before)  # bit for bit
+    merged = copy.deepcopy(model).merge_and_unload().state_dict()
+    assert set(pushed) == set(merged)
+    for name, tensor in merged.items():
+        torch.testing.assert_close(pushed[name], tensor, atol=1e-6, rtol=1e-6)
+    q = "model.layers.0.self_attn.q_proj.weight"
+    assert not torch.equal(pushed[q], before[f"base_model.model.{q.replace('.weight', '.base_layer.weight')}"])

@@ -55,10 +55,10 @@ HEALTH_PROMPT = "health"
 def weights_of(model: torch.nn.Module) -> dict[str, tuple[str, np.ndarray]]:
     """The model's weights as a plain HF checkpoint names them (PEFT adapters merged), as numpy
     arrays (Ray's object store hands numpy to every worker without a copy) with their torch dtype."""
-    from adarl.rollout.vllm import _merged, hf_weights
+    from adarl.rollout.vllm import hf_weights
 
     out = {}
-    with torch.no_grad(), _merged(model):
+    with torch.no_grad():
         for name, tensor in hf_weights(model):
             t = tensor.detach().cpu()
             array = t.view(torch.int16).numpy().copy() if t.dtype == torch.bfloat16 else t.numpy().copy()

@@ -34,7 +34,6 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -55,25 +54,27 @@ def hf_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
 
     The state dict, not the parameters: with tied embeddings it also names `lm_head.weight`,
     which vLLM needs to see re-sent (pushing only `embed_tokens` leaves its lm_head stale).
-    A PEFT model must have its adapters merged first (`_merged`): the wrapped layers' base
-    weights then hold W + BA, and the names lose PEFT's prefixes.
+    A PEFT model's adapted layers give their merged weight W + ΔW, computed apart (ΔW: each active
+    adapter's `get_delta_weight`), under the names without PEFT's prefixes. The model itself is never
+    modified: merging in place and unmerging after leaves float rounding in W, so the frozen base
+    weights would drift a little at every push.
     """
-    for name, tensor in model.state_dict().items():
+    deltas: dict[str, torch.Tensor] = {}
+    with torch.no_grad():  # (no yield inside: a consumer must not run with grad mode changed)
+        for name, module in model.named_modules():
+            if not hasattr(module, "get_delta_weight") or getattr(module, "disable_adapters", False):
+                continue
+            for adapter in getattr(module, "active_adapters", []):
+                if adapter in getattr(module, "lora_A", {}):
+                    delta = module.get_delta_weight(adapter)
+                    key = f"{name}.base_layer.weight"
+                    deltas[key] = deltas[key] + delta if key in deltas else delta
+    for name, tensor in model.state_dict().items():  # detached tensors
         if "lora_" in name:
             continue
+        if name in deltas:
+            tensor = tensor + deltas[name].to(tensor.dtype)
         yield name.removeprefix("base_model.model.").replace(".base_layer.", "."), tensor
-
-
-@contextmanager
-def _merged(model: torch.nn.Module) -> Iterator[None]:
-    if hasattr(model, "merge_adapter"):  # peft.PeftModel
-        model.merge_adapter()
-        try:
-            yield
-        finally:
-            model.unmerge_adapter()
-    else:
-        yield
 
 
 def _row_seed(key: int, position: int) -> int:
@@ -135,8 +136,7 @@ class VllmGenerator:
         """The training model as a HF folder vLLM can load: config, safetensors, tokenizer."""
         from safetensors.torch import save_file
 
-        with _merged(self.model):
-            tensors = {name: t.contiguous().cpu().clone() for name, t in hf_weights(self.model)}
+        tensors = {name: t.contiguous().cpu().clone() for name, t in hf_weights(self.model)}
         save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
         base.config.save_pretrained(path)
         if base.generation_config is not None:
@@ -166,10 +166,8 @@ class VllmGenerator:
     def _push(self) -> None:
         t0 = time.perf_counter()
         self._wake()
-        with _merged(self.model):
-            weights = list(hf_weights(self.model))
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights,
-                                                                "is_checkpoint_format": True})
+        weights = list(hf_weights(self.model))
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
         self.llm.reset_prefix_cache()
         if self._sleep:
             self._to_sleep()
