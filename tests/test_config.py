@@ -99,3 +99,15 @@ def test_a_ray_cluster_without_ray_installed_fails_before_any_model_loads(tmp_pa
     recipe = load_recipe(data={**BASE, "cluster": {"backend": "ray"}})
     with pytest.raises(RecipeError, match=r"pip install 'adarl\[ray\]'"):
         api.check_run(recipe, tmp_path / "run", resume=False)
+
+
+def test_an_openenv_agent_without_openenv_installed_fails_before_any_model_loads(tmp_path, monkeypatch):
+    import importlib.util
+
+    from adarl import api
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "openenv" else real(name, *a))
+    recipe = load_recipe(data={**BASE, "rollout": {"agent": {"environment": "openenv"}}})
+    with pytest.raises(RecipeError, match=r'pip install "adarl\[openenv\]"'):
+        api.check_run(recipe, tmp_path / "run", resume=False)

@@ -13,7 +13,6 @@ Input is checked as the CLI checks it, with the same messages: a bad recipe or o
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -36,7 +35,7 @@ def load_recipe(source: str | Path | dict[str, Any] | Recipe,
 def check_run(recipe: Recipe, run_dir: Path, resume: bool) -> None:
     """What must hold before a run starts or resumes in `run_dir` (RecipeError / ValueError otherwise)."""
     from adarl.rewards import validate_callable
-    from adarl.rollout import require_backend
+    from adarl.rollout import missing_packages
     from adarl.train.checkpoint import list_checkpoints
 
     if run_dir.exists() and not run_dir.is_dir():
@@ -47,11 +46,8 @@ def check_run(recipe: Recipe, run_dir: Path, resume: bool) -> None:
     for r in recipe.rewards:
         if r.type == "callable" and r.function:
             validate_callable(r.function)
-    require_backend(recipe.rollout.backend)
-    if recipe.cluster.backend == "ray" and importlib.util.find_spec("ray") is None:
-        from adarl.cluster import RAY_MISSING
-
-        raise RecipeError(RAY_MISSING)
+    if missing := missing_packages(recipe.rollout, recipe.cluster):
+        raise RecipeError("; ".join(missing))
 
 
 def train(recipe: str | Path | dict[str, Any] | Recipe, run_dir: str | Path | None = None, *,

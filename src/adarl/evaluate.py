@@ -34,7 +34,7 @@ import numpy as np
 
 from adarl.config import Recipe, RewardConfig, RolloutConfig, TaskConfig, load_recipe, pick_backend
 from adarl.metrics.passk import pass_at_k_array
-from adarl.rollout import build_generator, require_backend
+from adarl.rollout import build_generator, missing_packages
 
 DEFAULT_K = (1, 4, 16)
 
@@ -348,7 +348,8 @@ def run_eval(target: Target, tasks: list[EvalTask], *, ks: list[int], n: int | N
                                 ("backend", backend)) if v is not None}
     rollout = rollout.model_copy(update=update)
     rollout = rollout.model_copy(update={"backend": pick_backend(rollout)})
-    require_backend(rollout.backend)
+    if missing := missing_packages(rollout):
+        raise ImportError("; ".join(missing))
     if problems := rollout.unsupported():
         raise ValueError("; ".join(problems))
     t0 = time.perf_counter()

