@@ -58,11 +58,10 @@ def weights_of(model: torch.nn.Module) -> dict[str, tuple[str, np.ndarray]]:
     from adarl.rollout.vllm import hf_weights
 
     out = {}
-    with torch.no_grad():
-        for name, tensor in hf_weights(model):
-            t = tensor.detach().cpu()
-            array = t.view(torch.int16).numpy().copy() if t.dtype == torch.bfloat16 else t.numpy().copy()
-            out[name] = (str(t.dtype).removeprefix("torch."), array)
+    for name, tensor in hf_weights(model):  # detached tensors
+        t = tensor.cpu()
+        array = t.view(torch.int16).numpy().copy() if t.dtype == torch.bfloat16 else t.numpy().copy()
+        out[name] = (str(t.dtype).removeprefix("torch."), array)
     return out
 
 

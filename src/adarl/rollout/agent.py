@@ -395,11 +395,15 @@ class AgentGenerator:
                 out.append((call.name, self.pool.submit(self._run_call, t.env, call)))
         return out
 
+    def _deadline(self, deadline: float | None) -> float:
+        """When a tool call started now must have answered (`time.monotonic()`), unless `deadline` is given."""
+        return time.monotonic() + self.tool_timeout_s if deadline is None else deadline
+
     def _append_results(self, t: _Trajectory, results: list[tuple[str, Any]], deadline: float | None = None) -> None:
         """Wait for a turn's tool results (until `deadline`, a `time.monotonic()`; default `tool_timeout_s`
         from now) and append them as template and tool spans."""
         texts, failed = [], False
-        deadline = time.monotonic() + self.tool_timeout_s if deadline is None else deadline
+        deadline = self._deadline(deadline)
         for name, item in results:
             if isinstance(item, str):  # an error found before running anything
                 status, result = name, item
@@ -509,13 +513,13 @@ class AgentGenerator:
                     t.finish = out.finish_reason
                 elif self.gym:
                     waiting[id(t)] = (t, [("environment", self.pool.submit(t.env.step, t.last_text))],
-                                      time.monotonic() + self.tool_timeout_s)
+                                      self._deadline(None))
                 elif not (results := self._tool_turn(t, t.last_text)):
                     t.finish = "stop"
                 elif t.turns >= self.max_turns:
                     t.finish = "max_turns"
                 else:
-                    waiting[id(t)] = (t, results, time.monotonic() + self.tool_timeout_s)
+                    waiting[id(t)] = (t, results, self._deadline(None))
         if b is not None:  # slots the budget left empty: partial rows (never scored)
             for i, r in enumerate(requests):
                 rows += [_Trajectory(i, 0, finish="partial") for _ in range(r.n - sum(t.request == i for t in rows))]
@@ -536,7 +540,7 @@ class AgentGenerator:
                 self._live[(t.key, len(t.ids))] = (t.env, t.env_reward, t.turns, t.calls)
                 while len(self._live) > self.LIVE_MAX:
                     close_env(self._live.pop(next(iter(self._live)))[0])
-            elif t.env is not None and all(t.env is not u.env for u in rows if u.finish == "partial"):
+            elif t.env is not None:  # (no two rows share an environment: a branch works on a copy)
                 close_env(t.env)
         if hasattr(self.generator, "drop_retained"):  # a continued trajectory pre-fills anew (weights change)
             self.generator.drop_retained()
@@ -673,7 +677,7 @@ class AgentGenerator:
         inserted. Any exception or a step past `tool_timeout_s` censors the rollout (the environment failed:
         the model's text cannot be wrong here, only scored). Applied here, in the calling thread."""
         try:
-            wait_s = self.tool_timeout_s if deadline is None else max(deadline - time.monotonic(), 0.0)
+            wait_s = max(self._deadline(deadline) - time.monotonic(), 0.0)
             observation, reward, done, _info = step.result(timeout=wait_s)
             reward = float(reward)
         except Exception:

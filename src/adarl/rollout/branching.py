@@ -157,7 +157,7 @@ class TreeGenerator:
             return self.generator.generate(requests, greedy=True, max_new_tokens=max_new_tokens)
         cfg = getattr(self.generator, "cfg", None)
         max_new = max_new_tokens or getattr(cfg, "max_new_tokens", None)
-        rows = np.cumsum([0] + [r.n for r in requests])
+        first_row = np.cumsum([0] + [r.n for r in requests])  # of each request
         going = [j for j, r in enumerate(requests) if r.prefix_ids]
         fresh = [j for j, r in enumerate(requests) if not r.prefix_ids]
         self._left, self._spent, self._stats = max_tokens, 0, {}
@@ -166,7 +166,7 @@ class TreeGenerator:
             if any(requests[j].n != 1 for j in going):
                 raise ValueError("a continued leaf is one row (Request.n = 1)")
             cont = self.generator.generate([requests[j] for j in going], max_new_tokens=max_new,
-                                           keys=None if keys is None else [keys[rows[j]] for j in going],
+                                           keys=None if keys is None else [keys[first_row[j]] for j in going],
                                            max_tokens=max_tokens)
             self._spent = sum(len(r) for r in cont)
             for j, r in zip(going, cont, strict=True):
@@ -179,9 +179,10 @@ class TreeGenerator:
         texts = self.generator.tokenizer.batch_decode([r.completion_ids for r in out], skip_special_tokens=True)
         for r, text in zip(out, texts, strict=True):
             r.text = text
-        stored = sampled_tokens(out)  # a shared prefix once
-        self.last_discarded_tokens = self._spent - stored
-        self._measure(trees, sampled_tokens([leaf for t in trees for leaf in t]))
+        in_trees = sampled_tokens([leaf for t in trees for leaf in t])  # a shared prefix once
+        # a continued leaf's piece shares nothing with the new trees
+        self.last_discarded_tokens = self._spent - in_trees - sum(len(by_request[j][0]) for j in going)
+        self._measure(trees, in_trees)
         return out
 
     def _measure(self, trees: list[list[Rollout]], stored: int) -> None:

@@ -229,8 +229,7 @@ class RolloutScheduler:
                              "rollouts_started": float(sum(r.n for r in requests)),
                              "rollouts_cut_by_budget": float(len(rollouts) - sum(len(g.rollouts) for g in groups)
                                                              - censored)}
-            if censored or hasattr(self.generator, "env_factory"):  # an agent: its trajectories' statistics
-                self._metrics["rollouts_censored"] = float(censored)
+            self._count_censored(censored)
             if hasattr(self.generator, "metrics"):  # agent loop, branching: their statistics
                 self._metrics.update(self.generator.metrics())
         return StageResult(groups, int(tokens), sum(r.n for r in requests), dict(self._metrics))
@@ -269,6 +268,12 @@ class RolloutScheduler:
     def _admit(self, requests: list[Request]) -> None:
         self.buffer += self._new_groups(requests)
 
+    def _count_censored(self, censored: int) -> None:
+        """`rollouts_censored`: rollouts left out because their environment failed (never scored 0);
+        an agent's steps report it even when 0."""
+        if censored or hasattr(self.generator, "env_factory"):
+            self._metrics["rollouts_censored"] = float(censored)
+
     def _result(self, chosen: list[_Group]) -> StageResult:
         """The chosen groups, their rollouts' text decoded whole, and the last call's cost.
 
@@ -282,8 +287,7 @@ class RolloutScheduler:
             texts = self.generator.tokenizer.batch_decode([r.completion_ids for r in plain], skip_special_tokens=True)
             for r, text in zip(plain, texts, strict=True):
                 r.text = text
-        if censored or hasattr(self.generator, "env_factory"):  # an agent: its trajectories' statistics
-            self._metrics["rollouts_censored"] = float(censored)
+        self._count_censored(censored)
         m = dict(self._metrics)
         return StageResult([Generated(g.id, g.request, g.rollouts) for g in chosen if g.rollouts],
                            int(m.get("tokens_generated", 0)), int(m.get("rollouts_started", 0)), m)
