@@ -378,9 +378,9 @@ class HfGenerator:
         if (kept := self._reuse(requests, rows)) is not None:
             return self._prefill_on_retained(requests, rows, kept)
         order = sorted({r.request for r in rows})
-        prompts = list(dict.fromkeys(tuple(requests[i].prompt_ids) for i in order))
+        prompts = {p: k for k, p in enumerate(dict.fromkeys(tuple(requests[i].prompt_ids) for i in order))}
         logits, cache, attn, pos = self._forward_left_padded([list(p) for p in prompts], None, None, None)
-        first = [prompts.index(tuple(requests[i].prompt_ids)) for i in order]  # request -> its prompt
+        first = [prompts[tuple(requests[i].prompt_ids)] for i in order]  # request -> its prompt
         prefixes = [list(requests[i].prefix_ids or []) for i in order]
         next_pos = pos[first] + 1
         if any(prefixes):
