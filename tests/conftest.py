@@ -16,6 +16,9 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# vLLM is in the default install, so `rollout.backend: auto` would start an engine in every trainer test;
+# tests of the vllm backend name it (tests/test_vllm.py, which also tests `auto` without this setting)
+os.environ.setdefault("ADARL_AUTO_BACKEND", "hf")
 
 #: characters the tiny tokenizer knows, one token each
 TINY_CHARS = string.digits + string.ascii_letters + " \n" + "+-*/=?.,!:;()'\"<>{}[]_#%&$^|@~\\"

