@@ -1,8 +1,8 @@
 """Where a training run's memory goes: the resident set size of the whole process, sampled every
 50 ms through a run of the quickstart (or any recipe), attributed to the phase running at the time
-(loading, generation, verification, the update, held-out evaluation, checkpoints, `final/`, the
-report). Prints each phase's peak RSS and the run's peak (VmHWM), as issue 20 asks: trace the
-quickstart's peak before fixing it.
+(loading, generation, verification, the update, the weight push into a vLLM engine, held-out
+evaluation, checkpoints, `final/`, the report). Prints each phase's peak RSS and the run's peak
+(VmHWM), as issue 20 asks: trace the quickstart's peak before fixing it.
 
     .venv/bin/python bench/memory_trace.py [--recipe recipes/quickstart.yaml] [--steps 4] [--out trace.json]
 
@@ -47,13 +47,14 @@ class Tracer:
             self.timeline.append((time.perf_counter() - self._t0, phase, rss))
             time.sleep(0.05)
 
-    def wrap(self, obj: object, name: str, phase: str) -> None:
-        """Attribute the time inside obj.name(...) to `phase` (nested calls keep the outer phase)."""
+    def wrap(self, obj: object, name: str, phase: str, inside: bool = False) -> None:
+        """Attribute the time inside obj.name(...) to `phase` (nested calls keep the outer phase, unless
+        `inside`: then the call is its own phase wherever it runs)."""
         inner = getattr(obj, name)
 
         def traced(*args, **kw):
             outer = self.phase
-            self.phase = phase if outer in ("step", "run") else outer
+            self.phase = phase if inside or outer in ("step", "run") else outer
             try:
                 return inner(*args, **kw)
             finally:
@@ -90,6 +91,7 @@ def main() -> None:
         import adarl.train.trainer as trainer_module
 
         tr.wrap(trainer_module, "hint_rung", "hints")
+        tr.wrap(trainer.generator, "update_weights", "weight push", inside=True)  # the vllm engine's copy
         if args.no_trim:  # the loop's malloc_trim after every step, switched off (the before)
             loop.release_memory = lambda: None
         tr.wrap(trainer, "train_step", "step")

