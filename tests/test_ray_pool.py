@@ -131,6 +131,29 @@ def test_weight_broadcast_reaches_every_worker_with_its_version(local_ray, model
         pool.close()
 
 
+def test_vllm_workers_sample_greedy_as_hf_and_take_the_broadcast(local_ray, model):
+    """vLLM is in the default install, so `auto` gives Ray workers vLLM engines: a worker's engine
+    decodes greedily as the in-process hf decoder, before and after a weight broadcast."""
+    pytest.importorskip("vllm", reason="vLLM is not installed")
+    cfg = RolloutConfig(backend="vllm", max_new_tokens=12, vllm={"kv_cache_gib": 0.25})
+    hf = RolloutConfig(backend="hf", max_new_tokens=12)
+    pool = pool_of(model, cfg, workers=1)
+    try:
+        before = pool.generate(requests(model[1]), greedy=True)
+        assert [r.completion_ids for r in before] == [
+            r.completion_ids for r in HfGenerator(*model, hf).generate(requests(model[1]), greedy=True)]
+        with torch.no_grad():
+            for p in model[0].parameters():
+                p.mul_(1.5)  # an "update" that changes what greedy decoding writes
+        pool.update_weights()
+        after = pool.generate(requests(model[1]), greedy=True)
+        expected = HfGenerator(*model, hf).generate(requests(model[1]), greedy=True)
+        assert [r.completion_ids for r in after] == [r.completion_ids for r in expected]
+        assert [r.completion_ids for r in after] != [r.completion_ids for r in before]
+    finally:
+        pool.close()
+
+
 def test_a_worker_killed_mid_call_is_replaced_and_nothing_is_lost(local_ray, model):
     # 64 rows of up to 400 tokens: a worker's 32 rows take a few hundred decoding steps (the longest of 32
     # geometric lengths), so the kill lands inside the call
