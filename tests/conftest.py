@@ -72,6 +72,14 @@ def make_tiny_model_dir(path: str | Path, vocab_chars: str = TINY_CHARS, seed: i
     return path
 
 
+def hide_package(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """Make `importlib.util.find_spec(name)` answer None for this test, as if `name` were not installed."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == name else real(n, *a))
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny local HF model folder, built once per session (treat it as read-only)."""

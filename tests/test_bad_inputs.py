@@ -9,7 +9,6 @@ loads), and a few through the CLI, in-process and as a subprocess (exit code 2, 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import subprocess
@@ -24,6 +23,7 @@ from typer.testing import CliRunner
 
 from adarl.config import RecipeError, TaskConfig, load_recipe
 from adarl.tasks import build_task
+from conftest import hide_package
 
 ROOT = Path(__file__).resolve().parents[1]
 RG = {"source": "reasoning_gym", "name": "basic_arithmetic"}
@@ -321,8 +321,7 @@ def test_cli_rejects_bad_input_before_writing_anything(case, tmp_path: Path, tin
     from adarl import cli
 
     if case[0] == "vllm-not-installed":
-        real = importlib.util.find_spec
-        monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+        hide_package(monkeypatch, "vllm")
 
     _, sections, lines, expected = case
     data = write_lines(tmp_path / "data.jsonl", lines) if lines is not None else good_file(tmp_path)

@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from adarl.config import RecipeError, load_recipe
+from conftest import hide_package
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = {"task": {"source": "reasoning_gym", "name": "basic_arithmetic"}}
@@ -90,24 +91,18 @@ def test_cluster_section_is_checked():
 
 
 def test_a_ray_cluster_without_ray_installed_fails_before_any_model_loads(tmp_path, monkeypatch):
-    import importlib.util
-
     from adarl import api
 
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
+    hide_package(monkeypatch, "ray")
     recipe = load_recipe(data={**BASE, "cluster": {"backend": "ray"}})
     with pytest.raises(RecipeError, match=r"pip install 'adarl\[ray\]'"):
         api.check_run(recipe, tmp_path / "run", resume=False)
 
 
 def test_an_openenv_agent_without_openenv_installed_fails_before_any_model_loads(tmp_path, monkeypatch):
-    import importlib.util
-
     from adarl import api
 
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "openenv" else real(name, *a))
+    hide_package(monkeypatch, "openenv")
     recipe = load_recipe(data={**BASE, "rollout": {"agent": {"environment": "openenv"}}})
     with pytest.raises(RecipeError, match=r'pip install "adarl\[openenv\]"'):
         api.check_run(recipe, tmp_path / "run", resume=False)

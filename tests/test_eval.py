@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
 from fractions import Fraction
@@ -19,6 +18,7 @@ from adarl.cli import app
 from adarl.config import load_recipe
 from adarl.report import render
 from adarl.train.trainer import Trainer
+from conftest import hide_package
 from test_train import recipe_data, write_task
 
 TESTS = Path(__file__).parent
@@ -208,8 +208,7 @@ def test_cli_eval_errors_exit_2(tiny_model_dir, monkeypatch):
     assert result.exit_code == 2 and "pass@16" in result.output
     result = CliRunner().invoke(app, ["eval", str(tiny_model_dir), "--task", "basic_arithmetic", "--backend", "trl"])
     assert result.exit_code == 2 and "choose hf, vllm or auto" in result.output
-    real = importlib.util.find_spec  # vLLM is in the default install: hide it
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    hide_package(monkeypatch, "vllm")  # vLLM is in the default install
     result = CliRunner().invoke(app, ["eval", str(tiny_model_dir), "--task", "basic_arithmetic",
                                       "--backend", "vllm", "--size", "1"])
     assert result.exit_code == 2 and "needs vLLM" in result.output

@@ -111,17 +111,23 @@ def test_token_budget_is_shared_and_never_passed(local_ray, model):
         pool.close()
 
 
+def greedy_across_a_push(pool, model, hf_cfg):
+    """The pool's greedy rollouts before and after a weight broadcast, and the in-process hf decoder's
+    after it; the "update" multiplies every weight by 1.5, which changes what greedy decoding writes."""
+    before = pool.generate(requests(model[1]), greedy=True)
+    with torch.no_grad():
+        for p in model[0].parameters():
+            p.mul_(1.5)
+    pool.update_weights()
+    after = pool.generate(requests(model[1]), greedy=True)
+    return before, after, HfGenerator(*model, hf_cfg).generate(requests(model[1]), greedy=True)
+
+
 def test_weight_broadcast_reaches_every_worker_with_its_version(local_ray, model):
     cfg = RolloutConfig(backend="hf", max_new_tokens=12)
     pool = pool_of(model, cfg)
     try:
-        before = pool.generate(requests(model[1]), greedy=True)
-        with torch.no_grad():
-            for p in model[0].parameters():
-                p.mul_(1.5)  # an "update" that changes what greedy decoding writes
-        pool.update_weights()
-        after = pool.generate(requests(model[1]), greedy=True)
-        expected = HfGenerator(*model, cfg).generate(requests(model[1]), greedy=True)
+        before, after, expected = greedy_across_a_push(pool, model, cfg)
         assert_same_rollouts(after, expected)
         assert [r.completion_ids for r in after] != [r.completion_ids for r in before]
         assert pool.policy_version == 1 and all(r.token_versions == [1] * len(r) for r in after)
@@ -139,15 +145,9 @@ def test_vllm_workers_sample_greedy_as_hf_and_take_the_broadcast(local_ray, mode
     hf = RolloutConfig(backend="hf", max_new_tokens=12)
     pool = pool_of(model, cfg, workers=1)
     try:
-        before = pool.generate(requests(model[1]), greedy=True)
-        assert [r.completion_ids for r in before] == [
-            r.completion_ids for r in HfGenerator(*model, hf).generate(requests(model[1]), greedy=True)]
-        with torch.no_grad():
-            for p in model[0].parameters():
-                p.mul_(1.5)  # an "update" that changes what greedy decoding writes
-        pool.update_weights()
-        after = pool.generate(requests(model[1]), greedy=True)
-        expected = HfGenerator(*model, hf).generate(requests(model[1]), greedy=True)
+        hf_before = HfGenerator(*model, hf).generate(requests(model[1]), greedy=True)
+        before, after, expected = greedy_across_a_push(pool, model, hf)
+        assert [r.completion_ids for r in before] == [r.completion_ids for r in hf_before]
         assert [r.completion_ids for r in after] == [r.completion_ids for r in expected]
         assert [r.completion_ids for r in after] != [r.completion_ids for r in before]
     finally:

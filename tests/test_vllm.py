@@ -18,6 +18,7 @@ from adarl.models import chat_ids, load_model
 from adarl.rollout.hf import Progress
 from adarl.train.logprobs import completion_logprobs, pack
 from adarl.types import Request
+from conftest import hide_package
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
@@ -382,7 +383,7 @@ def test_auto_picks_vllm_when_installed_and_able(over, expected, monkeypatch):
         with pytest.raises(RecipeError, match="ADARL_AUTO_BACKEND is 'vLLM'; set it to hf or vllm"):
             resolve_backend(recipe)
     monkeypatch.delenv("ADARL_AUTO_BACKEND")
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    hide_package(monkeypatch, "vllm")
     assert resolve_backend(recipe) == "hf"
 
 

@@ -51,12 +51,24 @@ from adarl.types import Request, Rollout
 
 _SEED_MASK = (1 << 63) - 1
 
+
+class _DropExpected(logging.Filter):
+    """Drops a logger's records that contain `text`."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.text not in record.getMessage()
+
+
 #: vLLM warnings that are expected in adarl's use and would read as faults: every weight push
 #: "fails" to load the rotary embedding's cache (a HF checkpoint never holds it; vLLM keeps its own,
 #: as it should), and the CPU worker refuses the trainer's torch.set_num_threads after binding threads
 _EXPECTED_WARNINGS = {
-    "vllm.model_executor.model_loader.reload.layerwise": "RotaryEmbedding: Failed to load weights",
-    "vllm.v1.worker.cpu_worker": "doesn't allow to use `torch.set_num_threads`",
+    "vllm.model_executor.model_loader.reload.layerwise": _DropExpected("RotaryEmbedding: Failed to load weights"),
+    "vllm.v1.worker.cpu_worker": _DropExpected("doesn't allow to use `torch.set_num_threads`"),
 }
 
 
@@ -88,13 +100,8 @@ def _guard_llvmlite() -> None:
 
 
 def _quiet_expected_warnings() -> None:
-    for name, text in _EXPECTED_WARNINGS.items():
-        log = logging.getLogger(name)
-        if not any(getattr(f, "adarl_expected", None) == text for f in log.filters):
-            drop = logging.Filter()
-            drop.filter = lambda record, text=text: text not in record.getMessage()  # type: ignore[method-assign]
-            drop.adarl_expected = text  # type: ignore[attr-defined]
-            log.addFilter(drop)
+    for name, drop in _EXPECTED_WARNINGS.items():
+        logging.getLogger(name).addFilter(drop)  # adding the same filter again is a no-op
 
 
 def hf_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
