@@ -136,3 +136,35 @@ def test_sft_command_line(tiny_model_dir, tmp_path):
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 2
     bad = CliRunner().invoke(app, ["sft", str(recipe), "--objective", "dpo"])
     assert bad.exit_code == 2 and "otr" in bad.output
+
+
+def test_sft_imitates_a_text_column_such_as_a_worked_solution(tiny_model_dir, tmp_path):
+    from transformers import AutoTokenizer
+
+    from adarl.tasks.base import build_task
+    from adarl.train.sft import sft_pairs
+
+    path = tmp_path / "sums.jsonl"
+    with path.open("w") as f:
+        for i in range(12):
+            solution = f"{i} + 2 = {i + 2}; {i + 2} - 1 = {i + 1}. The answer is {i + 1}."
+            f.write(json.dumps({"prompt": f"{i} + 2 - 1", "answer": str(i + 1), "solution": solution}) + "\n")
+    data = recipe_data(tiny_model_dir, path, budget={"max_steps": 12, "prompts_per_step": 4},
+                       train={"lr": 0.01}, log={"tensorboard": False})
+    data["rewards"] = [{"type": "short_answer"}]
+    recipe = load_recipe(data=data)
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    train = build_task(recipe.task, recipe.seed).train
+    pairs = sft_pairs(train, tok, target="solution")
+    for p, (_, completion, mask) in zip(train, pairs, strict=True):
+        assert tok.decode(completion[:-1]) == p.columns["solution"] and completion[-1] == tok.eos_token_id
+        assert mask == [1.0] * len(completion)
+    last = run_sft(recipe, tmp_path / "run", "nll", target="solution")
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["tokens"] > 4 * 10  # each solution is over ten tokens; the answers alone are ≤ 3
+    assert last["target_logprob"] > rows[0]["target_logprob"] + 1.0
+    # a column the problems do not have is a clear error, as is a target on an agent recipe
+    with pytest.raises(ValueError, match="no text column 'worked'.*columns: .*solution"):
+        sft_pairs(train, tok, target="worked")
+    with pytest.raises(ValueError, match="single-turn recipe"):
+        sft_pairs(train, tok, agent=object(), target="solution")

@@ -93,9 +93,12 @@ def sft(
     k: Annotated[int, typer.Option("--k", min=1, help="OTR: candidate tokens sampled per position")] = 8,
     steps: Annotated[int | None, typer.Option("--steps", min=1, help="default: budget.max_steps")] = None,
     run_dir: Annotated[Path | None, typer.Option("--run-dir", help="where the run is written")] = None,
+    target: Annotated[str, typer.Option("--target", help="what to imitate: the answer, or a text column "
+                                        "such as solution (a worked solution)")] = "answer",
 ) -> None:
-    """Supervised fine-tuning on the task's (prompt, answer) pairs (an agent recipe: its environment's
-    demonstration trajectories, tool turns masked), with OTR or plain NLL."""
+    """Supervised fine-tuning on the task's (prompt, answer) pairs, or prompt → a text column such as a
+    worked solution (--target); an agent recipe: its environment's demonstration trajectories, tool
+    turns masked. With OTR or plain NLL."""
     from adarl.config import RecipeError, load_recipe
 
     if objective not in ("otr", "nll"):
@@ -106,13 +109,13 @@ def sft(
         _fail(str(err))
     from adarl.train.sft import run_sft
 
-    target = run_dir or Path("runs") / f"{loaded.name}-sft-{objective}"
+    out = run_dir or Path("runs") / f"{loaded.name}-sft-{objective}"
     try:
-        last = run_sft(loaded, target, objective, steps=steps, k=k)  # type: ignore[arg-type]
+        last = run_sft(loaded, out, objective, steps=steps, k=k, target=target)  # type: ignore[arg-type]
     except (FileNotFoundError, ValueError) as err:
         _fail(str(err))
     typer.echo(f"done: step={last.get('step')}, loss={last.get('loss', float('nan')):.4g}, "
-               f"target_logprob={last.get('target_logprob', float('nan')):.4g}  (run directory: {target})")
+               f"target_logprob={last.get('target_logprob', float('nan')):.4g}  (run directory: {out})")
 
 
 EVAL_HELP = (

@@ -1,9 +1,11 @@
 """Supervised fine-tuning on a task's (prompt, answer) pairs, with plain NLL or OTR (loss/otr.py).
 
 Each step takes `budget.prompts_per_step` training problems (a seeded shuffle, epoch after epoch),
-trains on `prompt → answer + eos` with the loss on the answer tokens only, and writes one row to
-`metrics.jsonl`: `loss`, `target_logprob` (mean log π(answer token) before the update), and for OTR
-`hit_fraction` / `fallback_fraction`. Only the hidden states that predict answer tokens go through
+trains on `prompt → answer + eos` with the loss on the answer tokens only (`target="solution"`, or
+any other column name: that column's text instead of the answer, e.g. reasoning-gym chain sums'
+worked solution "12 + 5 = 17; 17 - 3 = 14. The answer is 14.", a cold start that writes its steps),
+and writes one row to `metrics.jsonl`: `loss`, `target_logprob` (mean log π(answer token) before the
+update), and for OTR `hit_fraction` / `fallback_fraction`. Only the hidden states that predict answer tokens go through
 the lm head (answers are short, so their full-vocabulary logits are cheap; OTR samples from them).
 The trained model is written to `run_dir/final`.
 """
@@ -30,12 +32,25 @@ from adarl.types import Problem
 Example = tuple[list[int], list[int], list[float]]  # prompt ids, completion ids, 1 where trained
 
 
-def sft_pairs(problems: list[Problem], tokenizer: Any, agent: Any = None) -> list[Example]:
-    """(prompt ids, answer ids + eos, all trained) per problem; prompts built as `Trainer.prompt_ids`
-    builds them. With an `agent` (rollout/agent.py), each example is the environment's demonstration
-    trajectory instead: its tool calls and the answer are trained, the inserted tool turns are not."""
+def sft_pairs(problems: list[Problem], tokenizer: Any, agent: Any = None, target: str = "answer") -> list[Example]:
+    """(prompt ids, target ids + eos, all trained) per problem; prompts built as `Trainer.prompt_ids`
+    builds them. The target is the answer, or the text of the column named `target`. With an `agent`
+    (rollout/agent.py), each example is the environment's demonstration trajectory instead: its tool
+    calls and the answer are trained, the inserted tool turns are not."""
+    if agent is not None and target != "answer":
+        raise ValueError(f"sft: target {target!r} needs a single-turn recipe; an agent recipe imitates its "
+                         "environment's demonstrations")
     pairs = []
     for p in problems:
+        if target != "answer":
+            text = p.columns.get(target)
+            if not isinstance(text, str) or not text.strip():
+                raise ValueError(f"sft: problem {p.id!r} has no text column {target!r} to imitate (columns: "
+                                 f"{sorted(p.columns)}); reasoning-gym chain sums have 'solution', a JSONL task "
+                                 "gets one from a field of that name")
+            ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+            pairs.append((chat_ids(tokenizer, p.messages), [*ids, tokenizer.eos_token_id], [1.0] * (len(ids) + 1)))
+            continue
         if p.answer is None:
             raise ValueError(f"sft: problem {p.id!r} has no answer; every training problem needs one to imitate")
         if agent is not None:
@@ -51,8 +66,9 @@ def sft_pairs(problems: list[Problem], tokenizer: Any, agent: Any = None) -> lis
 
 def run_sft(recipe: Recipe, run_dir: Path, objective: Literal["otr", "nll"] = "otr", *, steps: int | None = None,
             k: int = 8, temperature: float = 1.0, negative_reward: float = 0.0, baseline: bool = True,
-            target_fallback: bool = True) -> dict[str, float]:
-    """Train `recipe.model` for `steps` (default `budget.max_steps`) SFT steps; returns the last metrics row."""
+            target_fallback: bool = True, target: str = "answer") -> dict[str, float]:
+    """Train `recipe.model` for `steps` (default `budget.max_steps`) SFT steps on each problem's answer
+    (or its `target` column); returns the last metrics row."""
     if objective not in ("otr", "nll"):
         raise ValueError(f"sft: objective must be 'otr' or 'nll', got {objective!r}")
     steps = steps if steps is not None else recipe.budget.max_steps
@@ -74,7 +90,7 @@ def run_sft(recipe: Recipe, run_dir: Path, objective: Literal["otr", "nll"] = "o
 
         agent = build_generator(model, tokenizer, recipe.rollout.model_copy(update={"backend": "hf"}),
                                 problems=task.train)
-    pairs = sft_pairs(task.train, tokenizer, agent)
+    pairs = sft_pairs(task.train, tokenizer, agent, target)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     t = recipe.train
     optimizer, scheduler = build_optimizer(model, t)
