@@ -4,6 +4,12 @@ the same number of sampled tokens; and the agent loop's sampled-token throughput
 generation on the same model and prompts.
 
     .venv/bin/python bench/agent.py --seeds 0,1,2 --sft-steps 60 --budget-tokens 30000 --eval-size 200
+    .venv/bin/python bench/agent.py --conditions sft,sft_rl --sft-steps 4 \
+        --results bench/results/agent/cold4 --runs runs/bench-agent-cold4
+
+The second is the light cold start: 4 SFT steps teach the call format to about a fifth of the
+problems (60 steps saturate the task, leaving RL nothing to add); the base and no-tool conditions do
+not depend on the SFT steps and are shared.
 
 Each finished run's metrics are kept under bench/results/agent/<condition>/seed<k>/ (commit them as
 they finish); a kept run is not redone. Target (issue 15): SFT + RL at least 20 points above both SFT
