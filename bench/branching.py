@@ -19,7 +19,8 @@ terms, and a model that first learns to write the worked solution ("12 + 45 = 57
 answer is 27.") by SFT on the task's `solution` column (`--cold-start-steps`, trained once into
 runs/bench-branching/<task>-sft/final). Its openings copy the question (low entropy) and its
 uncertainty sits on the result digits, so forks there share most of a leaf. `eptree7` forks one
-chain at its 7 highest-entropy tokens, one child each (8 leaves, all but the root sharing a prefix).
+chain at its 7 highest-entropy tokens, one child each (8 leaves, all but the root sharing a prefix);
+`eptree3` forks each of 2 chains at its 3 highest-entropy tokens.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ POLICIES = {
     "latr": {"policy": "latr"},
     "treepo": {"policy": "treepo", "width": 2, "segment": 4, "max_depth": 6},
     "eptree7": {"policy": "eptree", "roots": 1, "top_n": 7, "children": 1},
+    "eptree3": {"policy": "eptree", "roots": 2, "top_n": 3, "children": 1},
     "treepo8": {"policy": "treepo", "width": 2, "segment": 8, "max_depth": 3},
 }
 OUT = Path("bench/results/branching")
