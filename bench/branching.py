@@ -124,6 +124,15 @@ def _branching(spec: dict):
     return TypeAdapter(BranchingConfig).validate_python(spec)
 
 
+def equal_token_pass(independent: dict, tokens: float, n: int) -> float:
+    """Independent sampling's pass@k at the same sampled tokens: k = n · tokens / its tokens for n
+    samples, linear between whole k (pass@0 = 0), at most pass@n."""
+    k = min(n * tokens / independent["sampled_tokens"], float(n))
+    curve = [0.0] + [independent["pass@k"][str(j)] for j in range(1, n + 1)]
+    lo = int(k)
+    return curve[lo] if lo == n else curve[lo] + (k - lo) * (curve[lo + 1] - curve[lo])
+
+
 def report(tasks: list[str], policies: list[str], seeds: list[int], n: int, out: Path = OUT) -> None:
     for task in tasks:
         rows = {p: [json.loads(f.read_text()) for s in seeds if (f := out / task / p / f"seed{s}.json").exists()]
@@ -133,8 +142,8 @@ def report(tasks: list[str], policies: list[str], seeds: list[int], n: int, out:
             print(f"{task}: no independent runs yet")
             continue
         print(f"\n{task} (n = {n}; mean ± std over seeds; tokens relative to independent, same seed)\n")
-        print(f"| policy | seeds | pass@1 | pass@{n} | sampled tokens | × independent | distinct correct / group | "
-              f"useful tokens | tok/s × independent |\n|---|---|---|---|---|---|---|---|---|")
+        print(f"| policy | seeds | pass@1 | pass@{n} | independent at equal tokens | sampled tokens | × independent | "
+              f"distinct correct / group | useful tokens | tok/s × independent |\n" + "|---" * 10 + "|")
         by_seed = {r["seed"]: r for r in base}
         for p, rs in rows.items():
             if not rs:
@@ -147,7 +156,9 @@ def report(tasks: list[str], policies: list[str], seeds: list[int], n: int, out:
 
             first, last = ms([r["pass@k"]["1"] for r in rs]), ms([r["pass@k"][str(n)] for r in rs])
             useful = ms([r["useful_token_fraction"] for r in rs])
-            print(f"| {p} | {len(rs)} | {first} | {last} | {ms([r['sampled_tokens'] for r in rs], '.0f')} | "
+            equal = ms([equal_token_pass(by_seed[r["seed"]], r["sampled_tokens"], n)
+                        for r in rs if r["seed"] in by_seed])
+            print(f"| {p} | {len(rs)} | {first} | {last} | {equal} | {ms([r['sampled_tokens'] for r in rs], '.0f')} | "
                   f"{ms(ratio, '.2f')} | {ms([r['distinct_correct'] for r in rs], '.2f')} | {useful} | "
                   f"{ms(speed, '.2f')} |")
 
