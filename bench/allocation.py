@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from equal_budget import budget_overrides, curve, mean_curve, tokens_to_reach, train_run
+from equal_budget import CHAIN_SUM3_WORKED, budget_overrides, cold_start, curve, mean_curve, tokens_to_reach, train_run
 
 METHODS: dict[str, list[str]] = {
     "uniform": [],
@@ -56,6 +56,8 @@ TASKS: dict[str, list[str]] = {
     "chain_sum": ["task.name=chain_sum", "task.params={min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 2}"],
     # a task the base model rarely solves, for the ladder (bench/ladder.py)
     "chain_sum3": ["task.name=chain_sum", "task.params={min_terms: 3, max_terms: 3, min_digits: 2, max_digits: 2}"],
+    # the same sums from a model that first learned to write the worked solution (equal_budget.cold_start)
+    "chain_sum3_worked": CHAIN_SUM3_WORKED,
 }
 
 
@@ -63,8 +65,9 @@ def run_one(recipe: str, method: str, task: str, seed: int, args: argparse.Names
     run_dir = Path(args.runs) / task / f"b{args.budget_tokens}" / method / f"seed{seed}"
     overrides = budget_overrides(seed, args.budget_tokens, args.eval_every, args.eval_size, args.threads)
     results = Path(args.results) / task / f"b{args.budget_tokens}" / method / f"seed{seed}"
-    return train_run(recipe, overrides + TASKS[task] + METHODS[method], run_dir, f"{task} {method} seed {seed}",
-                     args.report_only, results)
+    start = [] if args.report_only else cold_start(task, recipe, TASKS[task])
+    return train_run(recipe, overrides + TASKS[task] + start + METHODS[method], run_dir,
+                     f"{task} {method} seed {seed}", args.report_only, results)
 
 
 def report_task(task: str, methods: list[str], curves: dict[str, list], budget: int, seeds: list[int]) -> list[dict]:

@@ -16,11 +16,11 @@ model is the recipe's (the quickstart: SmolLM2-135M-Instruct); `addition` is the
 
 `chain_sum3_worked` is the setting trees are for: answers that write their steps. Three 2-digit
 terms, and a model that first learns to write the worked solution ("12 + 45 = 57; 57 - 30 = 27. The
-answer is 27.") by SFT on the task's `solution` column (`--cold-start-steps`, trained once into
-runs/bench-branching/<task>-sft/final). Its openings copy the question (low entropy) and its
-uncertainty sits on the result digits, so forks there share most of a leaf. `eptree7` forks one
-chain at its 7 highest-entropy tokens, one child each (8 leaves, all but the root sharing a prefix);
-`eptree3` forks each of 2 chains at its 3 highest-entropy tokens.
+answer is 27.") by 60 steps of SFT on the task's `solution` column (equal_budget.cold_start,
+trained once into runs/cold-start/<task>-sft/final, the ladder's start too). Its openings copy the
+question (low entropy) and its uncertainty sits on the result digits, so forks there share most of
+a leaf. `eptree7` forks one chain at its 7 highest-entropy tokens, one child each (8 leaves, all
+but the root sharing a prefix); `eptree3` forks each of 2 chains at its 3 highest-entropy tokens.
 """
 
 from __future__ import annotations
@@ -43,16 +43,13 @@ from adarl.rollout.hf import HfGenerator
 from adarl.tasks.base import build_task
 from adarl.train.learner import token_advantages
 from adarl.types import Batch, Group, Request, sampled_tokens, trainable_masks
+from equal_budget import CHAIN_SUM3_WORKED, cold_start
 
 TASKS = {
     "addition": [],
     "chain_sum": ["task.name=chain_sum", "task.params={min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 2}"],
-    "chain_sum3_worked": ["task.name=chain_sum",
-                          "task.params={min_terms: 3, max_terms: 3, min_digits: 2, max_digits: 2}",
-                          "task.system_prompt=Solve it left to right, one step at a time.",
-                          "rollout.max_new_tokens=64"],
+    "chain_sum3_worked": CHAIN_SUM3_WORKED,
 }
-COLD_START = {"chain_sum3_worked": "solution"}  # task -> the column its model is first SFT-trained to write
 # each policy's settings for these short answers (2-10 tokens): TreePO's segments are 4 tokens, not the
 # code's 512; LATR keeps the paper's filters and lookahead (answers end before 20 tokens: no pruning)
 POLICIES = {
@@ -103,19 +100,6 @@ def run(task: str, policy: str, seed: int, args: argparse.Namespace, model, tok,
             "distinct_answers": float(np.mean([len({x.text.strip() for x in g.rollouts}) for g in groups])),
             "distinct_correct": float(np.mean(distinct_correct)), "useful_token_fraction": useful_fraction(groups),
             "branch_metrics": gen.metrics() if spec is not None else {}}
-
-
-def cold_start(task: str, recipe, args: argparse.Namespace) -> str | None:
-    """The task's cold-start model (SFT on its COLD_START column), trained once and kept; None: the
-    recipe's model."""
-    if task not in COLD_START:
-        return None
-    from adarl.train.sft import run_sft
-
-    run_dir = Path(args.runs) / f"{task}-sft"
-    if not (run_dir / "final").exists():
-        run_sft(recipe, run_dir, "nll", steps=args.cold_start_steps, target=COLD_START[task])
-    return str(run_dir / "final")
 
 
 def _branching(spec: dict):
@@ -174,8 +158,6 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--report-only", action="store_true")
     parser.add_argument("--out", type=Path, default=OUT)
-    parser.add_argument("--cold-start-steps", type=int, default=60, help="SFT steps of a cold-start task's model")
-    parser.add_argument("--runs", default="runs/bench-branching")
     args = parser.parse_args()
     tasks, policies = args.tasks.split(","), args.policies.split(",")
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -186,13 +168,12 @@ def main() -> None:
         models: dict[str, tuple] = {}  # model path -> (model, tokenizer), loaded once
         for seed in seeds:  # every task's first seed before any second one: a stopped run has both tasks
             for task in tasks:
-                recipe = load_recipe(args.recipe, [f"model.threads={args.threads}", *TASKS[task]])
+                overrides = [f"model.threads={args.threads}", *TASKS[task]]
+                recipe = load_recipe(args.recipe, overrides + cold_start(task, args.recipe, overrides))
                 for policy in policies:
                     path = args.out / task / policy / f"seed{seed}.json"
                     if path.exists():
                         continue
-                    if (sft := cold_start(task, recipe, args)) is not None:
-                        recipe = recipe.model_copy(update={"model": recipe.model.model_copy(update={"path": sft})})
                     if str(recipe.model.path) not in models:
                         models[str(recipe.model.path)] = load_model(recipe.model, for_training=False)
                     model, tok = models[str(recipe.model.path)]

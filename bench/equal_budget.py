@@ -18,6 +18,28 @@ import numpy as np
 from adarl.config import load_recipe
 from adarl.train.trainer import Trainer
 
+# Chain sums of three 2-digit terms, answered by writing the steps: the task trees and the ladder
+# need a model that writes them, so its runs start from a cold start (`COLD_STARTS`).
+CHAIN_SUM3_WORKED = ["task.name=chain_sum", "task.params={min_terms: 3, max_terms: 3, min_digits: 2, max_digits: 2}",
+                     "task.system_prompt=Solve it left to right, one step at a time.", "rollout.max_new_tokens=64"]
+# task -> (the text column its model is first SFT-trained to write, SFT steps)
+COLD_STARTS: dict[str, tuple[str, int]] = {"chain_sum3_worked": ("solution", 60)}
+
+
+def cold_start(task: str, recipe: str, overrides: list[str], runs: Path = Path("runs/cold-start")) -> list[str]:
+    """`model.path=<the task's cold-start model>` (NLL SFT of the recipe's model on the task's
+    COLD_STARTS column, trained once under `runs/<task>-sft` and kept), or [] for a task without one."""
+    if task not in COLD_STARTS:
+        return []
+    from adarl.train.sft import run_sft
+
+    column, steps = COLD_STARTS[task]
+    run_dir = runs / f"{task}-sft"
+    if not (run_dir / "final").exists():
+        base = load_recipe(recipe, overrides + ["log.progress=false", "log.tensorboard=false"])
+        run_sft(base, run_dir, "nll", steps=steps, target=column)
+    return [f"model.path={run_dir / 'final'}"]
+
 
 def claim(run_dir: Path) -> bool:
     """Take the run for this process; False if a live process already has it."""
