@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -65,9 +66,8 @@ def run_one(recipe: str, method: str, task: str, seed: int, args: argparse.Names
     run_dir = Path(args.runs) / task / f"b{args.budget_tokens}" / method / f"seed{seed}"
     overrides = budget_overrides(seed, args.budget_tokens, args.eval_every, args.eval_size, args.threads)
     results = Path(args.results) / task / f"b{args.budget_tokens}" / method / f"seed{seed}"
-    start = [] if args.report_only else cold_start(task, recipe, TASKS[task])
-    return train_run(recipe, overrides + TASKS[task] + start + METHODS[method], run_dir,
-                     f"{task} {method} seed {seed}", args.report_only, results)
+    return train_run(recipe, overrides + TASKS[task] + METHODS[method], run_dir, f"{task} {method} seed {seed}",
+                     args.report_only, results, start=partial(cold_start, task, recipe, TASKS[task]))
 
 
 def report_task(task: str, methods: list[str], curves: dict[str, list], budget: int, seeds: list[int]) -> list[dict]:

@@ -168,12 +168,13 @@ def main() -> None:
         models: dict[str, tuple] = {}  # model path -> (model, tokenizer), loaded once
         for seed in seeds:  # every task's first seed before any second one: a stopped run has both tasks
             for task in tasks:
-                overrides = [f"model.threads={args.threads}", *TASKS[task]]
-                recipe = load_recipe(args.recipe, overrides + cold_start(task, args.recipe, overrides))
+                overrides, recipe = [f"model.threads={args.threads}", *TASKS[task]], None
                 for policy in policies:
                     path = args.out / task / policy / f"seed{seed}.json"
                     if path.exists():
                         continue
+                    if recipe is None:  # its cold start is trained only when a policy still has to run
+                        recipe = load_recipe(args.recipe, overrides + cold_start(task, args.recipe, overrides))
                     if str(recipe.model.path) not in models:
                         models[str(recipe.model.path)] = load_model(recipe.model, for_training=False)
                     model, tok = models[str(recipe.model.path)]

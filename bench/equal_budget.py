@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -60,9 +61,10 @@ def claim(run_dir: Path) -> bool:
 
 
 def train_run(recipe: str, overrides: list[str], run_dir: Path, label: str, report_only: bool = False,
-              results: Path | None = None) -> list[dict] | None:
+              results: Path | None = None, start: Callable[[], list[str]] | None = None) -> list[dict] | None:
     """The run's metrics rows, training it first unless done. None if it is not done and another
-    process is on it, or `report_only`.
+    process is on it, or `report_only`. `start` gives overrides needed only to train (a cold-start
+    model, itself trained on first need), so a kept run never asks for it.
 
     A finished run's metrics.jsonl is also copied to `results` (kept in git under bench/results/),
     which counts as done: a later session on another machine reuses it instead of retraining.
@@ -75,7 +77,7 @@ def train_run(recipe: str, overrides: list[str], run_dir: Path, label: str, repo
             return None
         print(f"[{os.getpid()}] {label}", flush=True)
         try:
-            Trainer(load_recipe(recipe, overrides), run_dir).run()
+            Trainer(load_recipe(recipe, overrides + (start() if start else [])), run_dir).run()
         finally:
             (run_dir / ".claim").unlink(missing_ok=True)
     text = (run_dir / "metrics.jsonl").read_text()

@@ -5,8 +5,9 @@ trains on `prompt → answer + eos` with the loss on the answer tokens only (`ta
 any other column name: that column's text instead of the answer, e.g. reasoning-gym chain sums'
 worked solution "12 + 5 = 17; 17 - 3 = 14. The answer is 14.", a cold start that writes its steps),
 and writes one row to `metrics.jsonl`: `loss`, `target_logprob` (mean log π(answer token) before the
-update), and for OTR `hit_fraction` / `fallback_fraction`. Only the hidden states that predict answer tokens go through
-the lm head (answers are short, so their full-vocabulary logits are cheap; OTR samples from them).
+update), and for OTR `hit_fraction` / `fallback_fraction`. Only the hidden states that predict
+answer tokens go through the lm head (answers are short, so their full-vocabulary logits are cheap;
+OTR samples from them).
 The trained model is written to `run_dir/final`.
 """
 
@@ -42,25 +43,24 @@ def sft_pairs(problems: list[Problem], tokenizer: Any, agent: Any = None, target
                          "environment's demonstrations")
     pairs = []
     for p in problems:
-        if target != "answer":
+        if target == "answer":
+            text = p.answer
+            if text is None:
+                raise ValueError(f"sft: problem {p.id!r} has no answer; every training problem needs one to imitate")
+        else:
             text = p.columns.get(target)
             if not isinstance(text, str) or not text.strip():
                 raise ValueError(f"sft: problem {p.id!r} has no text column {target!r} to imitate (columns: "
                                  f"{sorted(p.columns)}); reasoning-gym chain sums have 'solution', a JSONL task "
                                  "gets one from a field of that name")
-            ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
-            pairs.append((chat_ids(tokenizer, p.messages), [*ids, tokenizer.eos_token_id], [1.0] * (len(ids) + 1)))
-            continue
-        if p.answer is None:
-            raise ValueError(f"sft: problem {p.id!r} has no answer; every training problem needs one to imitate")
         if agent is not None:
             demo = agent.demonstration(p)
             if demo is None:
                 raise ValueError(f"sft: the environment has no demonstration for problem {p.id!r}")
             pairs.append((chat_ids(tokenizer, agent.messages(p)), demo.completion_ids, demo.sampled_mask.tolist()))
             continue
-        answer = list(tokenizer(str(p.answer), add_special_tokens=False)["input_ids"])
-        pairs.append((chat_ids(tokenizer, p.messages), [*answer, tokenizer.eos_token_id], [1.0] * (len(answer) + 1)))
+        ids = list(tokenizer(str(text), add_special_tokens=False)["input_ids"])
+        pairs.append((chat_ids(tokenizer, p.messages), [*ids, tokenizer.eos_token_id], [1.0] * (len(ids) + 1)))
     return pairs
 
 
