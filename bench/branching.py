@@ -21,6 +21,8 @@ trained once into runs/cold-start/<task>-sft/final, the ladder's start too). Its
 question (low entropy) and its uncertainty sits on the result digits, so forks there share most of
 a leaf. `eptree7` forks one chain at its 7 highest-entropy tokens, one child each (8 leaves, all
 but the root sharing a prefix); `eptree3` forks each of 2 chains at its 3 highest-entropy tokens.
+`eptree7d` and `eptree3d` are the same trees with distinct forks (`distinct: true`): a child may not
+redraw its parent's token at the fork point, so no fork repeats its parent's path.
 """
 
 from __future__ import annotations
@@ -60,6 +62,9 @@ POLICIES = {
     "eptree7": {"policy": "eptree", "roots": 1, "top_n": 7, "children": 1},
     "eptree3": {"policy": "eptree", "roots": 2, "top_n": 3, "children": 1},
     "treepo8": {"policy": "treepo", "width": 2, "segment": 8, "max_depth": 3},
+    # the same trees with distinct forks: a child may not redraw its parent's token at the fork point
+    "eptree7d": {"policy": "eptree", "roots": 1, "top_n": 7, "children": 1, "distinct": True},
+    "eptree3d": {"policy": "eptree", "roots": 2, "top_n": 3, "children": 1, "distinct": True},
 }
 OUT = Path("bench/results/branching")
 

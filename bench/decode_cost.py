@@ -17,7 +17,13 @@ the cost curve and turns it into the gain a perfect partial mode could have:
 
     .venv/bin/python bench/decode_cost.py [--batches 1,4,16,64,128] [--out bench/results/longtail/decode_cost.json]
 
-Run it with nothing else busy on the machine.
+Run it with nothing else busy on the machine. On a GPU machine without adarl's dependencies or the model
+file, `--random-init --device cuda` times the hf step of a randomly initialised model of SmolLM2-135M's
+shape (a step's cost does not depend on the weights) and reads the long-tailed lengths from a JSON this
+script wrote on another machine (`--lengths-from`): it needs only torch, transformers and numpy.
+
+    python3 bench/decode_cost.py --random-init --device cuda --backends hf --batches 1,4,16,64,128,256,512 \
+        --lengths-from bench/results/longtail/decode_cost.json --out bench/results/longtail/decode_cost_gpu.json
 """
 
 from __future__ import annotations
@@ -31,27 +37,42 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from adarl.config import ModelConfig, RolloutConfig, load_recipe
-from adarl.models import chat_ids, load_model
-from adarl.tasks.base import build_task
-from adarl.types import Request
-
 STEPS = 32  # decode steps timed per batch size
+# SmolLM2-135M-Instruct's shape (../shared/docs/platform.md), for --random-init
+SMOLLM2_SHAPE = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                     num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
+                     tie_word_embeddings=True)
+
+
+def random_smollm2(device: str, dtype: torch.dtype):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(**SMOLLM2_SHAPE)).to(device=device, dtype=dtype).eval()
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
 
 
 def hf_step_seconds(model, prompt: list[int], rows: int) -> float:
     """Seconds per decode step of `rows` rows: the model's forward on one new token per row, KV cache kept."""
     from transformers import DynamicCache
 
-    ids = torch.tensor([prompt] * rows)
+    device = next(model.parameters()).device
+    ids = torch.tensor([prompt] * rows, device=device)
     with torch.inference_mode():
-        cache = DynamicCache()
-        out = model(input_ids=ids, past_key_values=cache, use_cache=True)
-        token = out.logits[:, -1:].argmax(-1)
-        t0 = time.perf_counter()
-        for _ in range(STEPS):
-            out = model(input_ids=token, past_key_values=cache, use_cache=True)
-            token = torch.multinomial(out.logits[:, -1].float().softmax(-1), 1)
+        for timed in (False, True):  # the first pass warms up kernels and allocator at this batch size
+            cache = DynamicCache()
+            out = model(input_ids=ids, past_key_values=cache, use_cache=True)
+            token = out.logits[:, -1:].argmax(-1)
+            sync(device)
+            t0 = time.perf_counter()
+            for _ in range(STEPS if timed else 2):
+                out = model(input_ids=token, past_key_values=cache, use_cache=True)
+                token = torch.multinomial(out.logits[:, -1].float().softmax(-1), 1)
+            sync(device)
         return (time.perf_counter() - t0) / STEPS
 
 
@@ -85,22 +106,41 @@ def main() -> None:
     parser.add_argument("--batches", default="1,4,16,64,128")
     parser.add_argument("--backends", default="hf,vllm")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--device", default="cpu", help="where the hf step runs (cuda: a GPU)")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--random-init", action="store_true",
+                        help="time a random model of SmolLM2-135M's shape (no model file, no adarl imports)")
+    parser.add_argument("--lengths-from", default=None, help="a JSON this script wrote: its long-tailed lengths")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     batches = [int(b) for b in args.batches.split(",")]
     backends = args.backends.split(",")
+    threads = torch.get_num_threads()
+    cost: dict[str, dict[int, float]] = {}
+    lengths: list[int] = json.loads(Path(args.lengths_from).read_text())["lengths"] if args.lengths_from else []
+    if args.random_init:
+        if backends != ["hf"]:
+            parser.error("--random-init times the hf step only (--backends hf)")
+        model = random_smollm2(args.device, getattr(torch, args.dtype))
+        prompt = [1] + [int(t) for t in torch.randint(2, 49152, (40,), generator=torch.Generator().manual_seed(0))]
+        cost["hf"] = {b: hf_step_seconds(model, prompt, b) for b in batches}
+        report(args, batches, cost, lengths, threads)
+        return
+    from adarl.config import ModelConfig, load_recipe
+    from adarl.models import chat_ids, load_model
+    from adarl.tasks.base import build_task
+
     recipe = load_recipe("recipes/quickstart.yaml", ["task.system_prompt=null", "rollout.max_new_tokens=128"])
     task = build_task(recipe.task)
     model, tok = load_model(ModelConfig(path="smollm2-135m"), for_training=False)
-    model.eval()
+    model.eval().to(args.device)
     prompts = [chat_ids(tok, p.messages) for p in task.train[:8]]
-    threads = torch.get_num_threads()
-    cost: dict[str, dict[int, float]] = {}
     if "hf" in backends:
         cost["hf"] = {b: hf_step_seconds(model, prompts[0], b) for b in batches}
-    lengths: list[int] = []
     if "vllm" in backends:
+        from adarl.config import RolloutConfig
         from adarl.rollout.vllm import VllmGenerator
+        from adarl.types import Request
 
         gen = VllmGenerator(model, tok, RolloutConfig(backend="vllm", temperature=recipe.rollout.temperature,
                                                       max_new_tokens=128, vllm={"kv_cache_gib": 2}))
@@ -108,7 +148,15 @@ def main() -> None:
         cost["vllm"] = {b: vllm_step_seconds(gen.llm, prompts[0], b) for b in batches}
         lengths = [len(r.completion_ids) for r in gen.generate([Request(str(i), p, 8) for i, p in enumerate(prompts)])]
         gen.close()
-    summary: dict = {"threads": threads, "steps_timed": STEPS, "lengths": lengths}
+    report(args, batches, cost, lengths, threads)
+
+
+def report(args: argparse.Namespace, batches: list[int], cost: dict[str, dict[int, float]], lengths: list[int],
+           threads: int) -> None:
+    summary: dict = {"threads": threads, "steps_timed": STEPS, "lengths": lengths, "device": args.device,
+                     "dtype": args.dtype, "random_init": args.random_init}
+    if args.device.startswith("cuda"):
+        summary["gpu"] = torch.cuda.get_device_name()
     print(f"seconds per decode step ({threads} threads)")
     print(f"{'rows':>6}" + "".join(f"{name:>12}" for name in cost))
     for b in batches:

@@ -207,3 +207,67 @@ def test_partial_mode_carries_unfinished_branches(tiny_model_dir):
         assert [r.completion_ids for r in a.rollouts] == [r.completion_ids for r in b.rollouts]
         assert sorted(map(sorted, shared_span_owners(a.rollouts).values())) == \
             sorted(map(sorted, shared_span_owners(b.rollouts).values()))
+
+
+def test_an_avoided_token_is_drawn_from_the_rest_of_the_distribution(tiny_model_dir):
+    """Inverse-CDF draws by hand, vocabulary of 3 with p = (0.5, 0.3, 0.2):
+    row 0 avoids token 0: p' ∝ (0, 0.3, 0.2), cdf (0, 0.3, 0.5), u = 0.5 → target 0.25 → token 1;
+    row 1 avoids nothing: cdf (0.5, 0.8, 1.0), u = 0.4 → target 0.4 → token 0 (the avoided one of row 0);
+    row 2 avoids token 0 but it holds all the mass: nothing else can be drawn, so it is drawn.
+    The recorded log-prob is the policy's own (log 0.3 for row 0), not the renormalised one."""
+    import math
+
+    import numpy as np
+    import torch
+
+    from adarl.config import ModelConfig, RolloutConfig
+    from adarl.models import load_model
+    from adarl.rollout.hf import HfGenerator
+
+    model, tok = load_model(ModelConfig(path=str(tiny_model_dir)))
+    gen = HfGenerator(model, tok, RolloutConfig(temperature=1.0, top_p=1.0), seed=0)
+    p = torch.tensor([[0.5, 0.3, 0.2], [0.5, 0.3, 0.2], [1.0, 0.0, 0.0]])
+    logits = torch.where(p > 0, torch.log(p), torch.tensor(-1e4))  # exp(−1e4) is 0 in float32
+    draw = gen._sample(logits, False, np.array([0.5, 0.4, 0.9]), avoid=torch.tensor([0, -1, 0]))
+    assert draw.tokens.tolist() == [1, 0, 0]
+    assert draw.logprobs[0].item() == pytest.approx(math.log(0.3), abs=1e-6)
+    assert gen._sample(logits, False, np.array([0.5, 0.4, 0.9])).tokens.tolist() == [0, 0, 0]  # no avoidance
+
+
+def test_distinct_forks_leave_the_parents_path(tiny_model_dir):
+    """EPTree with `distinct`: at a low temperature a child that resamples its fork point nearly always
+    redraws its parent's token; with `distinct` every child's first own token differs from the parent's
+    token there, and the shared prefix is still shared and paid once."""
+    from adarl.config import ModelConfig, RolloutConfig
+    from adarl.models import chat_ids, load_model
+    from adarl.rollout.hf import HfGenerator
+
+    model, tok = load_model(ModelConfig(path=str(tiny_model_dir)))
+    prompts = [chat_ids(tok, [{"role": "user", "content": t}]) for t in ["What is 12+34?", "Hi", "abc"]]
+
+    def leaves(distinct: bool):
+        gen = BranchingGenerator(HfGenerator(model, tok, RolloutConfig(max_new_tokens=12, temperature=0.02), seed=1),
+                                 roots=1, top_n=3, children=1, distinct=distinct)
+        return gen.generate([Request(f"p{i}", ids, 4) for i, ids in enumerate(prompts)])
+
+    def fork_tokens(out):  # (parent's token, child's token) at each fork point
+        pairs = []
+        for i in range(0, len(out), 4):
+            root, *children = out[i:i + 4]
+            for child in children:
+                p = sum(len(s) for s in child.spans if any(s is t for t in root.spans))
+                assert 1 <= p < len(root.completion_ids)  # a fork inside the root, its prefix shared
+                pairs.append((root.completion_ids[p], child.completion_ids[p]))
+        return pairs
+
+    plain = fork_tokens(leaves(False))
+    assert sum(a == b for a, b in plain) >= len(plain) // 2  # most forks redraw the parent's token
+    distinct = leaves(True)
+    assert len(distinct) == 12 and all(a != b for a, b in fork_tokens(distinct))
+
+
+def test_only_hf_avoids_a_token():
+    from adarl.rollout.vllm import VllmGenerator
+
+    with pytest.raises(ValueError, match="avoid_token"):
+        VllmGenerator.__new__(VllmGenerator).generate([Request("p", [1], 1, [2], avoid_token=3)])

@@ -273,6 +273,9 @@ class EptreeBranching(Section):
     roots: int = Field(2, gt=0, le=4096)  # M: chains sampled from the prompt (capped by the group size)
     top_n: int = Field(2, gt=0, le=4096)  # N: fork points per chain, its highest-entropy tokens
     children: int = Field(2, gt=0, le=4096)  # T: continuations per fork point
+    # a child's first token differs from its parent's token at the fork point (drawn from the policy without
+    # it), so no child repeats its parent; not in TreeRL, whose children resample that token freely
+    distinct: bool = False
 
 
 class LatrBranching(Section):

@@ -58,6 +58,10 @@ class Request:
     # the partial completion's spans (ids = prefix_ids): an agent continues a trajectory from them, replaying
     # its tool calls into a fresh environment when it no longer holds the live one (rollout/agent.py)
     prefix_spans: list[Span] | None = None
+    # the first token sampled must not be this one: a branch forced to leave its parent's path at the
+    # fork point (EPTree `distinct`; hf backend). The token is drawn from the policy renormalised without
+    # it; its recorded log-prob is the policy's own
+    avoid_token: int | None = None
 
 
 Role = Literal["model", "tool", "hint", "template"]

@@ -369,7 +369,9 @@ class RayRolloutPool:
                 job.rows += fresh
             for j in mine:
                 if rows[j].tokens:
-                    job.requests.append(replace(req, n=1, prefix_ids=list(req.prefix_ids or []) + rows[j].tokens))
+                    # its first token is drawn: whatever it had to avoid is behind it
+                    job.requests.append(replace(req, n=1, prefix_ids=list(req.prefix_ids or []) + rows[j].tokens,
+                                                avoid_token=None))
                     job.keys.append(rows[j].key)
                     job.rows.append(j)
         if max_tokens is not None:  # the call's token budget, shared by open rows

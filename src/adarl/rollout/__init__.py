@@ -68,4 +68,4 @@ def build_branching(generator: Any, b: Any) -> Any:
         return TreePOGenerator(generator, b.width, b.segment, b.max_depth, (b.repetition_chars, b.repetition_count))
     from adarl.rollout.branching import BranchingGenerator
 
-    return BranchingGenerator(generator, roots=b.roots, top_n=b.top_n, children=b.children)
+    return BranchingGenerator(generator, roots=b.roots, top_n=b.top_n, children=b.children, distinct=b.distinct)

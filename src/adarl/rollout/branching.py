@@ -24,6 +24,13 @@ forks from the highest-entropy points of all roots first until the group has n (
 get fewer children); when the roots have too few fork points (short answers), the rest are sampled
 from the prompt. One round (L = 1). Entropies come from the generator (hf records them; vllm does
 not, so EPTree needs hf).
+
+`distinct` (not in TreeRL): a child may not draw its parent's token at the fork point (it is drawn from
+the policy renormalised without that token, `Request.avoid_token`), so no child repeats its parent's
+path; with T > 1 children may still repeat each other. The fork token's recorded behaviour log-prob is
+the policy's own, so training treats it as an ordinary sample: a bias of one token per fork, traded for
+fewer duplicate leaves (a child that resamples the parent's token at a confident point often ends as
+its parent did).
 """
 
 from __future__ import annotations
@@ -222,9 +229,10 @@ def fork_points(rollout: Rollout, k: int) -> list[int]:
 class BranchingGenerator(TreeGenerator):
     """EPTree (see the module docstring)."""
 
-    def __init__(self, generator: Any, roots: int = 2, top_n: int = 2, children: int = 2) -> None:
+    def __init__(self, generator: Any, roots: int = 2, top_n: int = 2, children: int = 2,
+                 distinct: bool = False) -> None:
         super().__init__(generator)
-        self.roots, self.top_n, self.children = roots, top_n, children
+        self.roots, self.top_n, self.children, self.distinct = roots, top_n, children, distinct
 
     def grow(self, requests: list[Request], max_new: int | None) -> list[list[Rollout]]:
         per_fork = 1 + self.top_n * self.children
@@ -251,8 +259,9 @@ class BranchingGenerator(TreeGenerator):
         for i, r, p, _ in forks:  # every cut first: a later cut may split a span an earlier fork shares
             split_at(r, p, trees[i])
         prefixes = [(i, r, split_at(r, p), k) for i, r, p, k in forks]  # now only boundaries: no new cut
-        second = [Request(requests[i].prompt_id, requests[i].prompt_ids, k, [t for s in shared for t in s.ids])
-                  for i, _, shared, k in prefixes]
+        second = [Request(requests[i].prompt_id, requests[i].prompt_ids, k, [t for s in shared for t in s.ids],
+                          avoid_token=r.completion_ids[p] if self.distinct else None)
+                  for (i, r, shared, k), (_, _, p, _) in zip(prefixes, forks, strict=True)]
         second += [replace(requests[i], n=k) for i, k in enumerate(fresh) if k > 0]
         new = iter(self.sample(second, max_new))
         for i, parent, shared, k in prefixes:

@@ -444,8 +444,11 @@ class HfGenerator:
                          logits_to_keep=1)
         return out.logits[:, -1].float(), out.past_key_values, attn, pos[:, -1]
 
-    def _sample(self, logits: torch.Tensor, greedy: bool, u: np.ndarray | None) -> _Step:
-        """Draw one token per row; `u` holds each row's uniform (unused when greedy)."""
+    def _sample(self, logits: torch.Tensor, greedy: bool, u: np.ndarray | None,
+                avoid: torch.Tensor | None = None) -> _Step:
+        """Draw one token per row; `u` holds each row's uniform (unused when greedy). `avoid`: per row, a
+        token id it must not draw (−1: none; `Request.avoid_token`): its probability is set to 0 before
+        the draw (the rest renormalised), unless nothing else is left; the log-prob is the policy's own."""
         if greedy or u is None:
             logp = torch.log_softmax(logits, -1)
             tokens = logits.argmax(-1)
@@ -472,6 +475,12 @@ class HfGenerator:
             drop = sorted_p.cumsum(-1) - sorted_p > self.cfg.top_p  # keep the smallest set ≥ top_p
             sorted_p = sorted_p.masked_fill(drop, 0.0)
             probs = torch.zeros_like(probs).scatter(-1, idx, sorted_p)
+        if avoid is not None:
+            rows = (avoid >= 0).nonzero()[:, 0]
+            banned = probs.clone()
+            banned[rows, avoid[rows]] = 0.0
+            left = banned.sum(-1, keepdim=True) > 0  # the avoided token held all the mass: draw it after all
+            probs = torch.where(left, banned, probs)
         # inverse-CDF sampling: one uniform per row instead of one per vocabulary entry
         # (torch.multinomial draws ~|V| random numbers per row: 10× slower over 49k tokens);
         # u > 0, so the first cdf entry ≥ u·total is a token of positive probability
@@ -497,10 +506,13 @@ class HfGenerator:
         active = list(range(len(rows)))  # position in the current (compacted) batch -> row
         keys = np.array([r.key for r in rows], dtype=np.uint64)
         offsets = np.array([len(r.prefix) for r in rows], dtype=np.int64)  # completion position of step 0
+        avoid_ids = [requests[r.request].avoid_token for r in rows]
+        avoid = None if all(a is None for a in avoid_ids) else torch.tensor([-1 if a is None else a for a in avoid_ids])
         for step in range(max(r.limit - len(r.prefix) for r in rows)):
             if max_tokens is not None and progress.tokens + sum(rows[i].finish is None for i in active) > max_tokens:
                 return True  # the next step would sample past the token budget
-            draw = self._sample(logits, greedy, None if greedy else uniforms(keys, offsets + step))
+            draw = self._sample(logits, greedy, None if greedy else uniforms(keys, offsets + step),
+                                avoid if step == 0 and not greedy else None)
             tokens = draw.tokens
             is_eos = torch.isin(tokens, self.eos_ids).tolist()
             floats = [draw.logprobs, draw.entropies] + ([draw.temperatures] if draw.temperatures is not None else [])

@@ -267,6 +267,8 @@ class VllmGenerator:
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
+        if any(r.avoid_token is not None for r in requests):
+            raise ValueError("Request.avoid_token (EPTree's distinct forks) needs rollout.backend: hf")
         max_new = max_new_tokens or self.cfg.max_new_tokens
         keys, row_request = row_keys(requests, keys, greedy, self.new_keys)
         n_rows = len(keys)
