@@ -45,12 +45,13 @@ from adarl.rollout.hf import HfGenerator
 from adarl.tasks.base import build_task
 from adarl.train.learner import token_advantages
 from adarl.types import Batch, Group, Request, sampled_tokens, trainable_masks
-from equal_budget import CHAIN_SUM3_WORKED, cold_start
+from equal_budget import CHAIN_SUM3_WORKED, CHAIN_SUM4_WORKED, cold_start
 
 TASKS = {
     "addition": [],
     "chain_sum": ["task.name=chain_sum", "task.params={min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 2}"],
     "chain_sum3_worked": CHAIN_SUM3_WORKED,
+    "chain_sum4_worked": CHAIN_SUM4_WORKED,
 }
 # each policy's settings for these short answers (2-10 tokens): TreePO's segments are 4 tokens, not the
 # code's 512; LATR keeps the paper's filters and lookahead (answers end before 20 tokens: no pruning)

@@ -19,12 +19,20 @@ import numpy as np
 from adarl.config import load_recipe
 from adarl.train.trainer import Trainer
 
-# Chain sums of three 2-digit terms, answered by writing the steps: the task trees and the ladder
-# need a model that writes them, so its runs start from a cold start (`COLD_STARTS`).
-CHAIN_SUM3_WORKED = ["task.name=chain_sum", "task.params={min_terms: 3, max_terms: 3, min_digits: 2, max_digits: 2}",
-                     "task.system_prompt=Solve it left to right, one step at a time.", "rollout.max_new_tokens=64"]
+
+def worked_chain_sum(terms: int, max_new_tokens: int) -> list[str]:
+    """Chain sums of `terms` 2-digit terms, answered by writing the steps: the task trees and the ladder
+    need a model that writes them, so its runs start from a cold start (`COLD_STARTS`)."""
+    params = f"{{min_terms: {terms}, max_terms: {terms}, min_digits: 2, max_digits: 2}}"
+    prompt = "Solve it left to right, one step at a time."
+    return ["task.name=chain_sum", f"task.params={params}", f"task.system_prompt={prompt}",
+            f"rollout.max_new_tokens={max_new_tokens}"]
+
+
+CHAIN_SUM3_WORKED = worked_chain_sum(3, 64)
+CHAIN_SUM4_WORKED = worked_chain_sum(4, 96)  # answers about a half longer: a fork shares more of a leaf
 # task -> (the text column its model is first SFT-trained to write, SFT steps)
-COLD_STARTS: dict[str, tuple[str, int]] = {"chain_sum3_worked": ("solution", 60)}
+COLD_STARTS: dict[str, tuple[str, int]] = {"chain_sum3_worked": ("solution", 60), "chain_sum4_worked": ("solution", 60)}
 
 
 def cold_start(task: str, recipe: str, overrides: list[str], runs: Path = Path("runs/cold-start")) -> list[str]:

@@ -5,6 +5,15 @@ ADHint), SDAR self-distillation with the worked solution as privileged context, 
 
     .venv/bin/python bench/ladder.py --seeds 0,1,2 --budget-tokens 10000 [--teacher runs/x/final]
 
+On chain_sum3 uniform GRPO does not move at budgets this CPU affords (0.01 → 0.01 at 10k tokens), so
+"tokens to reach uniform's final pass@1" is degenerate there. `--task addition` is the quickstart's
+2-digit additions: the base model samples 5.6% correct answers and 80% of its groups of 8 are all-fail
+(../shared/docs/platform.md), yet uniform moves (about 0.27 → 0.5 at 10k tokens), so the ladder's
+token ratio can be read. Its teacher for OPD is the quickstart's own run (`make demo`, 30 steps):
+
+    ADARL_AUTO_BACKEND=hf .venv/bin/python bench/ladder.py --task addition --seeds 0,1,2 --budget-tokens 10000 \
+        --teacher runs/<quickstart>/final --results bench/results/ladder --runs runs/bench-ladder
+
 Runs go through bench/allocation.py's queue (resumable, results kept under bench/results/allocation/
 <task>/b<budget>/<method>/); its tables give the paired differences to uniform. This adds what the
 ladder is for: how many all-failed groups a hint turned into mixed (trainable) groups, the rung
