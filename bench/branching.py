@@ -46,26 +46,13 @@ from adarl.tasks.base import build_task
 from adarl.train.learner import token_advantages
 from adarl.types import Batch, Group, Request, sampled_tokens, trainable_masks
 from equal_budget import CHAIN_SUM3_WORKED, CHAIN_SUM4_WORKED, cold_start
+from tree_policies import POLICIES
 
 TASKS = {
     "addition": [],
     "chain_sum": ["task.name=chain_sum", "task.params={min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 2}"],
     "chain_sum3_worked": CHAIN_SUM3_WORKED,
     "chain_sum4_worked": CHAIN_SUM4_WORKED,
-}
-# each policy's settings for these short answers (2-10 tokens): TreePO's segments are 4 tokens, not the
-# code's 512; LATR keeps the paper's filters and lookahead (answers end before 20 tokens: no pruning)
-POLICIES = {
-    "independent": None,
-    "eptree": {"policy": "eptree", "roots": 1, "top_n": 2, "children": 2},
-    "latr": {"policy": "latr"},
-    "treepo": {"policy": "treepo", "width": 2, "segment": 4, "max_depth": 6},
-    "eptree7": {"policy": "eptree", "roots": 1, "top_n": 7, "children": 1},
-    "eptree3": {"policy": "eptree", "roots": 2, "top_n": 3, "children": 1},
-    "treepo8": {"policy": "treepo", "width": 2, "segment": 8, "max_depth": 3},
-    # the same trees with distinct forks: a child may not redraw its parent's token at the fork point
-    "eptree7d": {"policy": "eptree", "roots": 1, "top_n": 7, "children": 1, "distinct": True},
-    "eptree3d": {"policy": "eptree", "roots": 2, "top_n": 3, "children": 1, "distinct": True},
 }
 OUT = Path("bench/results/branching")
 

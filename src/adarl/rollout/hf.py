@@ -205,7 +205,9 @@ class HfGenerator:
         eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         if tokenizer.eos_token_id is not None:
             eos_ids.add(tokenizer.eos_token_id)
-        self.eos_ids = torch.tensor(sorted(eos_ids), dtype=torch.long)
+        # the decoder's own tensors live where the model does (a GPU too: rows are sampled there)
+        self.device = next(model.parameters()).device
+        self.eos_ids = torch.tensor(sorted(eos_ids), dtype=torch.long, device=self.device)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         stop_lens = [len(tokenizer.encode(s, add_special_tokens=False)) for s in cfg.stop]
         self.stop_window = max(stop_lens, default=0) + 2
@@ -384,16 +386,16 @@ class HfGenerator:
         prefixes = [list(requests[i].prefix_ids or []) for i in order]
         next_pos = pos[first] + 1
         if any(prefixes):
-            cache.batch_select_indices(torch.tensor(first))
+            cache.batch_select_indices(self._tensor(first))
             after, cache, attn, _ = self._forward_left_padded(prefixes, cache, attn[first], next_pos)
-            has = torch.tensor([bool(p) for p in prefixes])
+            has = self._tensor([bool(p) for p in prefixes])
             logits = torch.where(has[:, None], after, logits[first])
-            next_pos = next_pos + torch.tensor([len(p) for p in prefixes])
+            next_pos = next_pos + self._tensor([len(p) for p in prefixes])
             first = list(range(len(order)))
         where = {req: i for i, req in enumerate(order)}
-        row_of = torch.tensor([first[where[r.request]] for r in rows])
+        row_of = self._tensor([first[where[r.request]] for r in rows])
         cache.batch_select_indices(row_of)
-        return logits[row_of], cache, attn[row_of], next_pos[torch.tensor([where[r.request] for r in rows])]
+        return logits[row_of], cache, attn[row_of], next_pos[self._tensor([where[r.request] for r in rows])]
 
     def _prefill_on_retained(
         self, requests: list[Request], rows: list[_Row], kept: list[_Retained]
@@ -409,16 +411,16 @@ class HfGenerator:
                 keys[i, :, width - len(e.ids):] = e.keys[layer]
                 values[i, :, width - len(e.ids):] = e.values[layer]
             cache.update(keys, values, layer)
-        attn = torch.zeros((len(kept), width), dtype=torch.long)
+        attn = torch.zeros((len(kept), width), dtype=torch.long, device=self.device)
         for i, e in enumerate(kept):
             attn[i, width - len(e.ids):] = 1
-        start = torch.tensor([len(e.ids) for e in kept])
+        start = self._tensor([len(e.ids) for e in kept])
         new = [list(requests[r.request].prompt_ids + (requests[r.request].prefix_ids or []))[len(e.ids):]
                for r, e in zip(rows, kept, strict=True)]
         for row in rows:
             self._retained.pop(row.key, None)  # used: the row's next turn end leaves a new one
         logits, cache, attn, _ = self._forward_left_padded(new, cache, attn, start)
-        return logits, cache, attn, start + torch.tensor([len(x) for x in new])
+        return logits, cache, attn, start + self._tensor([len(x) for x in new])
 
     def _forward_left_padded(
         self, seqs: list[list[int]], cache: DynamicCache | None, attn_before: torch.Tensor | None,
@@ -435,6 +437,7 @@ class HfGenerator:
             if p:
                 ids[i, width - len(p):] = torch.tensor(p)
                 attn[i, width - len(p):] = 1
+        ids, attn = ids.to(self.device), attn.to(self.device)  # built on the host, copied once
         pos = (attn.cumsum(-1) - 1).clamp(min=0) + (0 if start is None else start[:, None])
         self.prefilled_tokens += int(attn.sum())
         if attn_before is not None:
@@ -443,6 +446,9 @@ class HfGenerator:
                          past_key_values=cache if cache is not None else DynamicCache(), use_cache=True,
                          logits_to_keep=1)
         return out.logits[:, -1].float(), out.past_key_values, attn, pos[:, -1]
+
+    def _tensor(self, values: Sequence[int | bool]) -> torch.Tensor:
+        return torch.tensor(values, device=self.device)
 
     def _sample(self, logits: torch.Tensor, greedy: bool, u: np.ndarray | None,
                 avoid: torch.Tensor | None = None) -> _Step:
@@ -507,7 +513,7 @@ class HfGenerator:
         keys = np.array([r.key for r in rows], dtype=np.uint64)
         offsets = np.array([len(r.prefix) for r in rows], dtype=np.int64)  # completion position of step 0
         avoid_ids = [requests[r.request].avoid_token for r in rows]
-        avoid = None if all(a is None for a in avoid_ids) else torch.tensor([-1 if a is None else a for a in avoid_ids])
+        avoid = None if all(a is None for a in avoid_ids) else self._tensor([-1 if a is None else a for a in avoid_ids])
         for step in range(max(r.limit - len(r.prefix) for r in rows)):
             if max_tokens is not None and progress.tokens + sum(rows[i].finish is None for i in active) > max_tokens:
                 return True  # the next step would sample past the token budget
@@ -549,12 +555,12 @@ class HfGenerator:
             done_since_compact = len(active) - len(keep)
             # Compacting copies the cache: do it once enough rows have finished to pay for it.
             if done_since_compact and (done_since_compact * 8 >= len(active) or step % 8 == 7):
-                index = torch.tensor(keep)
+                index = self._tensor(keep)
                 cache.batch_select_indices(index)
                 attn, next_pos, tokens = attn[index], next_pos[index], tokens[index]
                 keys, offsets = keys[keep], offsets[keep]
                 active = [active[j] for j in keep]
-            attn = torch.cat([attn, torch.ones((len(active), 1), dtype=attn.dtype)], dim=-1)
+            attn = torch.cat([attn, attn.new_ones((len(active), 1))], dim=-1)
             out = self.model(
                 input_ids=tokens[:, None], attention_mask=attn, position_ids=next_pos[:, None],
                 past_key_values=cache, use_cache=True,
