@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from adarl.advantage.grpo import Grpo
-from adarl.config import BranchingConfig, load_recipe
+from adarl.config import load_recipe
 from adarl.metrics.passk import pass_at_k_array
 from adarl.models import chat_ids, load_model
 from adarl.rewards import Rewards
@@ -46,7 +46,7 @@ from adarl.tasks.base import build_task
 from adarl.train.learner import token_advantages
 from adarl.types import Batch, Group, Request, sampled_tokens, trainable_masks
 from equal_budget import CHAIN_SUM3_WORKED, CHAIN_SUM4_WORKED, cold_start
-from tree_policies import POLICIES
+from tree_policies import POLICIES, branching_section
 
 TASKS = {
     "addition": [],
@@ -73,8 +73,8 @@ def run(task: str, policy: str, seed: int, args: argparse.Namespace, model, tok,
     rewards = Rewards(recipe.rewards, workers=1)
     try:
         base = HfGenerator(model, tok, recipe.rollout, seed=seed)
-        spec = POLICIES[policy]
-        gen = base if spec is None else build_branching(base, _branching(spec))
+        section = branching_section(policy)
+        gen = base if section is None else build_branching(base, section)
         t0 = time.perf_counter()
         rollouts = gen.generate([Request(p.id, prompt_ids[p.id], args.n) for p in problems])
         seconds = time.perf_counter() - t0
@@ -92,13 +92,7 @@ def run(task: str, policy: str, seed: int, args: argparse.Namespace, model, tok,
             "sampled_tokens": int(tokens), "seconds": seconds, "tokens_per_s": tokens / seconds,
             "distinct_answers": float(np.mean([len({x.text.strip() for x in g.rollouts}) for g in groups])),
             "distinct_correct": float(np.mean(distinct_correct)), "useful_token_fraction": useful_fraction(groups),
-            "branch_metrics": gen.metrics() if spec is not None else {}}
-
-
-def _branching(spec: dict):
-    from pydantic import TypeAdapter
-
-    return TypeAdapter(BranchingConfig).validate_python(spec)
+            "branch_metrics": gen.metrics() if section is not None else {}}
 
 
 def equal_token_pass(independent: dict, tokens: float, n: int) -> float:

@@ -122,7 +122,8 @@ def main() -> None:
         if backends != ["hf"]:
             parser.error("--random-init times the hf step only (--backends hf)")
         model = random_smollm2(args.device, getattr(torch, args.dtype))
-        prompt = [1] + [int(t) for t in torch.randint(2, 49152, (40,), generator=torch.Generator().manual_seed(0))]
+        ids = torch.randint(2, SMOLLM2_SHAPE["vocab_size"], (40,), generator=torch.Generator().manual_seed(0))
+        prompt = [1] + ids.tolist()
         cost["hf"] = {b: hf_step_seconds(model, prompt, b) for b in batches}
         report(args, batches, cost, lengths, threads)
         return

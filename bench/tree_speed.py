@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from decode_cost import SMOLLM2_SHAPE, random_smollm2, sync
-from tree_policies import POLICIES
+from tree_policies import POLICIES, branching_section
 
 
 def synthetic_tokenizer(vocab_size: int):
@@ -75,9 +75,7 @@ def main() -> None:
     policies = args.policies.split(",")
     if unknown := [p for p in policies if p not in POLICIES]:
         parser.error(f"unknown policy {unknown}; policies: {', '.join(POLICIES)}")
-    from pydantic import TypeAdapter
-
-    from adarl.config import BranchingConfig, RolloutConfig
+    from adarl.config import RolloutConfig
     from adarl.rollout import build_branching
     from adarl.rollout.hf import HfGenerator
     from adarl.types import Request
@@ -100,12 +98,11 @@ def main() -> None:
     timed(HfGenerator(model, tok, cfg, seed=99), requests[:4], device)  # warm-up: kernels, allocator
     results: dict[str, dict] = {}
     for policy in policies:
-        runs = []
+        section, runs = branching_section(policy), []
         for r in range(args.repeats):
             gen = HfGenerator(model, tok, cfg, seed=r)
-            spec = POLICIES[policy]
-            if spec is not None:
-                gen = build_branching(gen, TypeAdapter(BranchingConfig).validate_python(spec))
+            if section is not None:
+                gen = build_branching(gen, section)
             runs.append(timed(gen, requests, device))
         seconds, tokens = min(runs)
         results[policy] = {"seconds": seconds, "sampled_tokens": tokens, "tokens_per_s": tokens / seconds,

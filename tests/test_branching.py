@@ -237,7 +237,7 @@ def test_an_avoided_token_is_drawn_from_the_rest_of_the_distribution(tiny_model_
 def test_distinct_forks_leave_the_parents_path(tiny_model_dir):
     """EPTree with `distinct`: at a low temperature a child that resamples its fork point nearly always
     redraws its parent's token; with `distinct` every child's first own token differs from the parent's
-    token there, and the shared prefix is still shared and paid once."""
+    token there, and its prefix is still the parent's own spans (shared, not copied)."""
     from adarl.config import ModelConfig, RolloutConfig
     from adarl.models import chat_ids, load_model
     from adarl.rollout.hf import HfGenerator

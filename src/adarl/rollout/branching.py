@@ -258,13 +258,13 @@ class BranchingGenerator(TreeGenerator):
             fresh.append(want)
         for i, r, p, _ in forks:  # every cut first: a later cut may split a span an earlier fork shares
             split_at(r, p, trees[i])
-        prefixes = [(i, r, split_at(r, p), k) for i, r, p, k in forks]  # now only boundaries: no new cut
+        prefixes = [(i, r, p, split_at(r, p), k) for i, r, p, k in forks]  # now only boundaries: no new cut
         second = [Request(requests[i].prompt_id, requests[i].prompt_ids, k, [t for s in shared for t in s.ids],
                           avoid_token=r.completion_ids[p] if self.distinct else None)
-                  for (i, r, shared, k), (_, _, p, _) in zip(prefixes, forks, strict=True)]
+                  for i, r, p, shared, k in prefixes]
         second += [replace(requests[i], n=k) for i, k in enumerate(fresh) if k > 0]
         new = iter(self.sample(second, max_new))
-        for i, parent, shared, k in prefixes:
+        for i, parent, _, shared, k in prefixes:
             for _ in range(k):
                 child = next(new)
                 trees[i].append(Rollout(parent.prompt_id, finish_reason=child.finish_reason,
