@@ -76,6 +76,16 @@ class ModelConfig(Section):
     dtype: Literal["float32", "bfloat16"] = "float32"
     lora: LoraConfig | None = None
     threads: int | None = Field(None, gt=0, le=1024)  # torch.set_num_threads; None = torch's default
+    # where the policy, the reference, the teacher, the hf decoder, evaluation and SFT run.
+    # auto: the first CUDA GPU when torch sees one, else the CPU
+    device: str = "auto"
+
+    @field_validator("device")
+    @classmethod
+    def _device_name(cls, device: str) -> str:
+        if not re.fullmatch(r"auto|cpu|cuda(:\d{1,3})?", device):
+            raise ValueError(f"model.device {reprlib.repr(device)}: expected auto, cpu, cuda or cuda:N (N a GPU index)")
+        return device
 
 
 TASK_SOURCES = ("reasoning_gym", "jsonl", "humaneval", "hf_datasets", "sql", "retrieval")
@@ -447,6 +457,10 @@ class TrainConfig(Section):
     epochs: int = Field(1, gt=0, le=1000)
     micro_batch_tokens: int = Field(4096, gt=0)  # padded tokens per forward/backward
     logit_chunk: int = Field(512, gt=0)  # tokens whose vocabulary logits exist at once
+    # "bf16": the forward and backward compute in bfloat16 under autocast while the weights, gradients and
+    # Adam's moments stay float32 (16 bytes a parameter); the lm head, log-probs, ratio and loss in float32.
+    # "no": everything in model.dtype. (model.dtype bfloat16 instead keeps bf16 weights: 8 bytes a parameter.)
+    mixed_precision: Literal["no", "bf16"] = "no"
 
     @field_validator("betas")
     @classmethod
@@ -585,6 +599,9 @@ class Recipe(Section):
         if self.cluster.sapo is not None and self.cluster.sapo.take and self.loss.get("name") != "decoupled_ppo":
             raise ValueError("cluster.sapo.take trains on rollouts other trainers sampled (off-policy): use loss: "
                              "{name: decoupled_ppo}, or cluster.sapo.take: 0 to only publish")
+        if self.train.mixed_precision == "bf16" and self.model.dtype != "float32":
+            raise ValueError("train.mixed_precision bf16 keeps float32 master weights: set model.dtype float32 "
+                             "(or keep model.dtype bfloat16 and train.mixed_precision no, for bf16 weights)")
         return self
 
 

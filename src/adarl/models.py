@@ -297,16 +297,45 @@ def _dtype(name: str) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
 
 
+def resolve_device(name: str = "auto") -> torch.device:
+    """`model.device` as a torch device: ``auto`` is the first CUDA GPU when torch sees one, else the CPU.
+
+    Asking for a GPU that torch does not see is an error that says what it does see."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        index = device.index or 0
+        if index >= count:
+            seen = f"{count} CUDA device(s)" if count else f"no CUDA device (torch {torch.__version__}, " \
+                f"CUDA build: {torch.version.cuda is not None})"
+            raise RuntimeError(f"model.device {name!r}: torch sees {seen}; use model.device=cpu or auto")
+    return device
+
+
+def peak_memory_gib(device: torch.device, reset: bool = False) -> float | None:
+    """The peak memory allocated on a CUDA `device` since the last reset, in GiB (None on a CPU);
+    `reset` starts a new window."""
+    if device.type != "cuda":
+        return None
+    peak = torch.cuda.max_memory_allocated(device) / 2**30
+    if reset:
+        torch.cuda.reset_peak_memory_stats(device)
+    return peak
+
+
 def _load_base(cfg: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     from transformers import AutoModelForCausalLM
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    device = resolve_device(cfg.device)
     folder = ensure_hf_folder(cfg.path)
     tok = load_tokenizer(folder)
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=_dtype(cfg.dtype), local_files_only=True)
     _sync_special_ids(model, tok)
-    return model, tok
+    return model.to(device), tok
 
 
 def linear_module_names(model: torch.nn.Module) -> list[str]:

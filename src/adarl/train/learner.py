@@ -14,6 +14,7 @@ epochs) take ℓ_old from one forward before the first optimizer step.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,6 +85,7 @@ class Learner:
                  pad_id: int, max_len: int, rng: np.random.Generator, reference: torch.nn.Module | None = None,
                  entropy: EntropyObserver | None = None, teacher: Teacher | None = None):
         self.model, self.loss, self.cfg = model, loss, cfg
+        self.device = next(model.parameters()).device
         self.temperature, self.pad_id, self.max_len, self.rng = temperature, pad_id, max_len, rng
         self.reference = reference  # a frozen copy; None with LoRA (the base model without adapters is it)
         self.optimizer, self.scheduler = build_optimizer(model, cfg)
@@ -113,11 +115,17 @@ class Learner:
 
     def _forward(self, batch_rows: list[tuple[list[int], list[int]]], grad: bool, model=None,
                  entropy_grad: bool = False, extra_ids: torch.Tensor | None = None):
-        packed = pack([p for p, _ in batch_rows], [c for _, c in batch_rows], self.pad_id)
-        with torch.set_grad_enabled(grad):
+        packed = pack([p for p, _ in batch_rows], [c for _, c in batch_rows], self.pad_id).to(self.device)
+        with torch.set_grad_enabled(grad), self._autocast():
             out = completion_logprobs(model or self.model, packed, self.temperature, self.cfg.logit_chunk,
                                       entropy_grad=entropy_grad, extra_ids=extra_ids)
         return (packed, *out)
+
+    def _autocast(self):
+        """bf16 compute over float32 weights (`train.mixed_precision: bf16`); the head stays float32."""
+        if self.cfg.mixed_precision == "bf16":
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
 
     def _reference_logprobs(self, rows) -> torch.Tensor:
         with torch.no_grad():
@@ -202,11 +210,12 @@ class Learner:
 
     @staticmethod
     def _padded(values: list, like: torch.Tensor) -> torch.Tensor:
-        """Right-pad per-rollout token sequences into a tensor shaped like `like` (B, T)."""
-        out = torch.zeros_like(like, dtype=torch.float32)
+        """Right-pad per-rollout token sequences into a float32 tensor shaped like `like` (B, T), on its
+        device (filled on the host, copied once)."""
+        out = np.zeros(tuple(like.shape), dtype=np.float32)
         for j, v in enumerate(values):
-            out[j, : len(v)] = torch.as_tensor(np.asarray(v, dtype=np.float32))
-        return out
+            out[j, : len(v)] = np.asarray(v, dtype=np.float32)
+        return torch.from_numpy(out).to(like.device)
 
     def _loss_inputs(self, data: StepData, micro: list[int], grad: bool = True) -> tuple[LossInputs, torch.Tensor]:
         """The inputs the loss declares (`requires`) for rollouts `micro` at the current parameters,
@@ -226,7 +235,7 @@ class Learner:
             old = old.clone()  # (a detached view of logp must not be written into)
             for j in guided:
                 r = data.rollouts[micro[j]]
-                old[j, : len(r.completion_ids)] = torch.as_tensor(r.logprobs, dtype=old.dtype)
+                old[j, : len(r.completion_ids)] = torch.as_tensor(r.logprobs, dtype=old.dtype).to(old.device)
         a = self._padded([data.token_adv[i] for i in micro], logp)
         x = LossInputs(logp=logp, old_logp=old, adv=a, mask=mask)
         if "ref_logp" in need:
@@ -246,7 +255,7 @@ class Learner:
     def _micro_step(self, data: StepData, micro: list[int], seq_weight: dict[int, float]) -> None:
         x, ent = self._loss_inputs(data, micro)
         logp, mask, sums = x.logp, x.mask, data.sums
-        w = torch.tensor([seq_weight[i] for i in micro], dtype=torch.float32)[:, None]
+        w = torch.tensor([seq_weight[i] for i in micro], dtype=torch.float32, device=self.device)[:, None]
         per_token, stats = self.loss(x)
         if self.teacher is not None:
             per_token, extra = self._distill(data, micro, x, per_token)
@@ -263,8 +272,10 @@ class Learner:
         # |ℓ_behaviour − ℓ_θ| per token: the sampler/trainer mismatch (hf ≈ 0; vllm: its kernels),
         # plus the policy's own move when a step makes several updates
         beh = x.beh_logp if x.beh_logp is not None else self._padded([data.rollouts[i].logprobs for i in micro], logp)
-        sums["behaviour_logp_gap"] = sums.get("behaviour_logp_gap", 0.0) + float(
-            ((beh - logp.detach()).abs() * mask).sum())
+        r = torch.where(mask > 0, logp.detach() - beh, 0.0)  # log π_θ/π_sampler on the trained tokens
+        sums["behaviour_logp_gap"] = sums.get("behaviour_logp_gap", 0.0) + float((r.abs() * mask).sum())
+        # KL(π_sampler ‖ π_θ) by Schulman's k3 over tokens drawn from the sampler: e^r − 1 − r ≥ 0
+        sums["sampler_kl_k3"] = sums.get("sampler_kl_k3", 0.0) + float(((torch.expm1(r) - r) * mask).sum())
         for key, value in stats.items():
             sums[key] = sums.get(key, 0.0) + float((value * mask).sum())
 
@@ -286,7 +297,7 @@ class Learner:
         aux, stats = distill_terms(cfg.method, x.logp, x.teacher_logp, estimator=cfg.estimator, direction=cfg.direction,
                                    gate_temperature=cfg.gate_temperature, div_weight=cfg.div_weight,
                                    student_top=x.student_top, teacher_top=x.teacher_top)
-        on = torch.tensor([float(data.distilled[i]) for i in micro])[:, None]
+        on = torch.tensor([float(data.distilled[i]) for i in micro], device=self.device)[:, None]
         stats["distill/loss"] = aux.detach()
         return cfg.rl_weight * per_token + cfg.weight * aux * on, stats
 

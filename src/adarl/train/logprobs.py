@@ -25,6 +25,13 @@ class Packed:
     source: torch.Tensor  # (N,) flat index into (b, L) of the hidden state predicting each target
     prompt_lens: list[int]
 
+    def to(self, device: torch.device) -> Packed:
+        """The same micro-batch on `device` (built on the host, copied once)."""
+        if self.input_ids.device == device:
+            return self
+        return Packed(self.input_ids.to(device), self.completion_mask.to(device), self.targets.to(device),
+                      self.source.to(device), self.prompt_lens)
+
 
 def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int) -> Packed:
     b = len(prompts)
@@ -58,9 +65,19 @@ def micro_batches(order: list[int], lengths: list[int], max_tokens: int) -> list
     return out
 
 
+def head_logits(lm_head: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """Float32 logits. Under bf16 autocast the head still multiplies in float32 when its weights are
+    float32 (mixed precision): MiniMax-M1 traced most of the train/sampler probability mismatch to the
+    head's precision. Weights kept in bf16 (model.dtype) give bf16 logits, cast up."""
+    with torch.autocast(hidden.device.type, enabled=False):
+        if lm_head.weight.dtype == torch.float32:
+            return lm_head(hidden.float())
+        return lm_head(hidden).float()
+
+
 def _head(lm_head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float,
           entropy_grad: bool = False, extra: torch.Tensor | None = None):
-    logits = lm_head(hidden).float() / temperature
+    logits = head_logits(lm_head, hidden) / temperature
     logp_all = torch.log_softmax(logits, dim=-1)
     logp = logp_all.gather(-1, targets[:, None])[:, 0]
     with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
@@ -82,7 +99,7 @@ def _unflat(packed: Packed, parts: list[torch.Tensor]) -> torch.Tensor:
     b, lc = packed.completion_mask.shape
     values = torch.cat(parts)
     index = packed.completion_mask.reshape(-1).nonzero()[:, 0]
-    out = torch.zeros((b * lc, *values.shape[1:]), dtype=values.dtype)
+    out = torch.zeros((b * lc, *values.shape[1:]), dtype=values.dtype, device=values.device)
     return out.index_copy(0, index, values).view(b, lc, *values.shape[1:])
 
 
@@ -98,9 +115,10 @@ def completion_logprobs(
     (a distillation loss's teacher top-k), from the same pass.
     """
     lm_head = model.get_output_embeddings()
+    packed = packed.to(lm_head.weight.device)
     flat = _flat(model, packed)
     flat_targets = packed.targets[packed.completion_mask]
-    flat_extra = extra_ids[packed.completion_mask] if extra_ids is not None else None
+    flat_extra = extra_ids.to(flat.device)[packed.completion_mask] if extra_ids is not None else None
     logps, entropies, extras = [], [], []
     for start in range(0, flat.shape[0], chunk):
         h, t = flat[start : start + chunk], flat_targets[start : start + chunk]
@@ -123,11 +141,12 @@ def completion_topk(model: torch.nn.Module, packed: Packed, temperature: float =
     """A scorer's (teacher's) view of the completion tokens: their (b, Lc) log-probs, and with k > 0
     its k most likely tokens at each position, (b, Lc, k) ids and log-probs."""
     lm_head = model.get_output_embeddings()
+    packed = packed.to(lm_head.weight.device)
     flat = _flat(model, packed)
     flat_targets = packed.targets[packed.completion_mask]
     logps, ids, tops = [], [], []
     for start in range(0, flat.shape[0], chunk):
-        logp_all = torch.log_softmax(lm_head(flat[start : start + chunk]).float() / temperature, dim=-1)
+        logp_all = torch.log_softmax(head_logits(lm_head, flat[start : start + chunk]) / temperature, dim=-1)
         logps.append(logp_all.gather(-1, flat_targets[start : start + chunk, None])[:, 0])
         if k:
             top = logp_all.topk(k, dim=-1)

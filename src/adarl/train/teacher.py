@@ -45,7 +45,8 @@ class Teacher:
         elif cfg.teacher != "policy":
             from adarl.config import ModelConfig
 
-            self.model = load_reference(ModelConfig(path=cfg.teacher))
+            device = next(policy.parameters()).device  # the teacher scores where the policy trains
+            self.model = load_reference(ModelConfig(path=cfg.teacher, device=str(device)))
             if self.model.get_output_embeddings().weight.shape[0] != policy.get_output_embeddings().weight.shape[0]:
                 raise ValueError(f"distill.teacher {cfg.teacher!r} has another vocabulary than the policy: "
                                  "its log-probs cannot score the policy's tokens")

@@ -30,7 +30,7 @@ from adarl.hints.base import hint_rung, hinted
 from adarl.metrics.sinks import RunLogs
 from adarl.metrics.step import StepMetrics, batch_metrics
 from adarl.metrics.trackers import check_trackers
-from adarl.models import chat_ids, load_model, load_reference
+from adarl.models import chat_ids, load_model, load_reference, peak_memory_gib
 from adarl.rewards import Rewards
 from adarl.rollout import build_generator
 from adarl.rollout.scheduler import COUNTS, RolloutScheduler
@@ -130,6 +130,7 @@ class Trainer:
 
     def train_step(self) -> dict[str, float]:
         t_step, metrics = time.perf_counter(), StepMetrics()
+        peak_memory_gib(self.learner.device, reset=True)
         self.budget.start_step()
         chosen = self.selector.select(self.store, self.allocator.candidates(self.recipe.budget.prompts_per_step),
                                       self.np_rng)
@@ -171,6 +172,8 @@ class Trainer:
         metrics["tokens_per_s"] = self.budget.step_tokens / max(metrics.get("generate_s", 0.0), 1e-9)
         metrics.update(self.budget.metrics())
         metrics["lr"] = self.learner.scheduler.get_last_lr()[0]
+        if (peak := peak_memory_gib(self.learner.device)) is not None:  # generation and update, this step
+            metrics["peak_device_memory_gib"] = peak
         return metrics
 
     def climb_ladder(self, topped_up: set[str], metrics: StepMetrics) -> None:

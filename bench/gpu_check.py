@@ -1,0 +1,478 @@
+"""The GPU check (issue 33): one prepared script for a lent GPU machine, under 8 minutes, one JSON file.
+
+    python3 bench/gpu_check.py --out $OUT/gpu_check.json                       # the GPU machine
+    .venv/bin/python bench/gpu_check.py --device cpu --quick --out /tmp/g.json   # here (tests/test_gpu_check.py)
+
+The GPU machine has torch with CUDA, transformers, peft and accelerate, no network and no model files;
+pydantic, TRL and datasets travel as wheels (`.whl/`, see the README's GPU section). Every model is built
+from a config with random weights and a synthetic word-level tokenizer (`t0 … tV`), so nothing is
+downloaded. Each section is written to the JSON file as soon as it ends; a failing section records its
+error and the next one runs.
+
+1. `equality`: the same GRPO update of a tiny model (a batch sampled once by adarl's hf decoder on the
+   CPU, PPO-clip, token-mean, AdamW) from the same weights on the CPU and on `--device`: the loss, the
+   gradient norm and the updated weights agree within 1e-4 relative in float32; bf16 mixed precision
+   (`train.mixed_precision: bf16`) is compared against the float32 CPU update and must stay within 2e-2
+   relative in loss and gradient norm.
+2. `trainer`: two `Trainer.train_step()`s of the tiny model with `model.device` set to `--device`
+   (generation, verification, update, weight sync: the whole step on the device), with its metrics row
+   (peak device memory, train/sampler mismatch).
+3. `shapes`: random Qwen2.5-0.5B and -1.5B shapes in bf16: adarl's hf decoder against `model.generate`,
+   sampled tokens/s at 64 and 256 rows; one policy update in bf16 mixed precision (float32 master
+   weights), its trained tokens/s, model FLOPs utilisation and peak memory.
+4. `vs_trl`: TRL's `GRPOTrainer` and adarl's `Trainer` on the same card, the same random 0.5B model
+   (bf16 weights), the same prompts, group size, lengths and reward, neither with vLLM: the median step
+   time of each after a warm-up step, and their ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+#: the published shapes (config.json of Qwen/Qwen2.5-0.5B-Instruct and -1.5B-Instruct), built as Llama (random_model)
+QWEN = {
+    "qwen2.5-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                         num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
+    "qwen2.5-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                         num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
+}
+#: small stand-ins for --quick (a CPU): same architecture, head_dim 64
+QUICK = {"qwen-tiny-a": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
+                             num_key_value_heads=1, vocab_size=1024, tie_word_embeddings=True)}
+TINY = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+            vocab_size=512, tie_word_embeddings=True)
+#: dense bf16 peak of the card, FLOP/s (NVIDIA's data sheets), for MFU
+PEAK_BF16 = {"H100 PCIe": 756e12, "H100": 989.4e12, "H200": 989.4e12, "A100": 312e12}
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+def synthetic_tokenizer(vocab_size: int):
+    """Word-level: `t<i>` is token i, split on whitespace; ids 0-2 are the special tokens, 2 (<|im_end|>)
+    eos and pad. Any sampled id decodes, so rewards and TRL read the completions as text."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {t: i for i, t in enumerate(SPECIALS + [f"t{i}" for i in range(len(SPECIALS), vocab_size)])}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<|endoftext|>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    backend.add_special_tokens(SPECIALS)
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<|im_end|>",
+                                  unk_token="<|endoftext|>")
+    tok.padding_side = "left"
+    return tok
+
+
+def random_model(shape: dict, dtype: torch.dtype, device: torch.device, seed: int = 0):
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    torch.manual_seed(seed)
+    torch.cuda.manual_seed_all(seed)
+    # Llama with Qwen2.5's dimensions: Qwen2 adds biases to q, k, v (under 0.1% of the FLOPs), and transformers
+    # 5 loads a Qwen2 folder's tokenizer as Qwen's BPE whatever its tokenizer_config says
+    config = LlamaConfig(**shape, bos_token_id=1, eos_token_id=2, pad_token_id=2, attn_implementation="sdpa")
+    with device:  # initialised where it runs: a 1.5B model's init on the host takes long
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model.generation_config.eos_token_id, model.generation_config.pad_token_id = 2, 2
+    return model
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def peak_gib(device: torch.device) -> float | None:
+    return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+
+
+def reset_peak(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def card(device: torch.device) -> dict[str, Any]:
+    if device.type != "cuda":
+        return {"device": "cpu", "threads": torch.get_num_threads()}
+    name = torch.cuda.get_device_name(device)
+    peak = next((v for k, v in PEAK_BF16.items() if k in name), None)
+    return {"device": name, "memory_gib": torch.cuda.get_device_properties(device).total_memory / 2**30,
+            "peak_bf16_flops": peak, "torch": torch.__version__, "cuda": torch.version.cuda}
+
+
+def prompt_texts(count: int, length: int, vocab: int, seed: int) -> list[str]:
+    rng = np.random.default_rng(seed)
+    return [" ".join(f"t{i}" for i in rng.integers(len(SPECIALS), vocab, length)) for _ in range(count)]
+
+
+def even_share(completions: list[str]) -> list[float]:
+    """The reward of sections 2 and 4: 1 when most of the completion's tokens have an even id. A random
+    model earns it about half the time, so groups carry signal; it costs nothing to compute."""
+    out = []
+    for c in completions:
+        ids = [int(w[1:]) for w in c.split() if w[:1] == "t" and w[1:].isdigit()]
+        out.append(float(bool(ids) and sum(i % 2 == 0 for i in ids) > len(ids) / 2))
+    return out
+
+
+REWARD_MODULE = '''
+def even_share(prompts, completions, **columns):
+    out = []
+    for c in completions:
+        ids = [int(w[1:]) for w in c.split() if w[:1] == "t" and w[1:].isdigit()]
+        out.append(float(bool(ids) and sum(i % 2 == 0 for i in ids) > len(ids) / 2))
+    return out
+'''
+
+
+# ---------------------------------------------------------------- 1. cpu vs device, one update
+
+
+def sampled_batch(model, tok, prompts: int, n: int, new_tokens: int, seed: int):
+    """A verified batch sampled by adarl's hf decoder: groups with rewards and GRPO advantages."""
+    from adarl import registry
+    from adarl.config import RolloutConfig
+    from adarl.rollout.hf import HfGenerator
+    from adarl.types import Batch, Group, Problem, Request
+
+    gen = HfGenerator(model, tok, RolloutConfig(temperature=1.0, max_new_tokens=new_tokens), seed=seed)
+    texts = prompt_texts(prompts, 12, tok.vocab_size, seed)
+    requests = [Request(str(i), tok.encode(t), n) for i, t in enumerate(texts)]
+    rollouts, groups = gen.generate(requests), []
+    for i, req in enumerate(requests):
+        mine = rollouts[i * n: (i + 1) * n]
+        rewards = np.array(even_share([tok.decode(r.completion_ids) for r in mine]))
+        groups.append(Group(Problem(req.prompt_id, texts[i]), req.prompt_ids, mine,
+                            rewards=rewards[:, None], reward_names=("even_share",)))
+    batch = Batch(groups)
+    batch.advantages = registry.build("advantage", {"name": "grpo"})(batch)
+    return batch, gen.pad_id
+
+
+def one_update(model, batch, pad_id: int, mixed_precision: str, new_tokens: int) -> dict[str, Any]:
+    from adarl import registry
+    from adarl.config import TrainConfig
+    from adarl.train.learner import Learner
+
+    before = {n: p.detach().float().cpu().clone() for n, p in model.named_parameters()}
+    cfg = TrainConfig(lr=1e-3, micro_batch_tokens=64, mixed_precision=mixed_precision)
+    learner = Learner(model, registry.build("loss", {"name": "ppo_clip"}), cfg, temperature=1.0, pad_id=pad_id,
+                      max_len=new_tokens, rng=np.random.default_rng(0))
+    metrics = learner.update(batch)
+    after = {n: p.detach().float().cpu() for n, p in model.named_parameters()}
+    return {"metrics": metrics, "before": before, "after": after}
+
+
+def rel(a: float, b: float) -> float:
+    return abs(a - b) / max(abs(b), 1e-12)
+
+
+def equality(device: torch.device) -> dict[str, Any]:
+    cpu = torch.device("cpu")
+    tok = synthetic_tokenizer(TINY["vocab_size"])
+    base = random_model(TINY, torch.float32, cpu, seed=0)
+    batch, pad_id = sampled_batch(base, tok, prompts=4, n=8, new_tokens=24, seed=0)
+    start = copy.deepcopy(base.state_dict())
+
+    def run(dev: torch.device, mp: str) -> dict[str, Any]:
+        model = random_model(TINY, torch.float32, dev, seed=0)
+        model.load_state_dict(start)
+        return one_update(model, batch, pad_id, mp, 24)
+
+    ref = run(cpu, "no")
+    out: dict[str, Any] = {"rollouts": len(batch), "tokens": sum(len(r) for r in batch.rollouts),
+                           "nonzero_advantages": int(np.count_nonzero(batch.advantages)),
+                           "cpu_float32": {k: ref["metrics"][k] for k in ("loss", "grad_norm")}}
+    for label, dev, mp, tol in (("device_float32", device, "no", 1e-4), ("device_bf16_mixed", device, "bf16", 2e-2),
+                                ("cpu_bf16_mixed", cpu, "bf16", 2e-2)):
+        got = run(dev, mp)
+        weight_rel = max(float((got["after"][n] - ref["after"][n]).abs().max() / ref["after"][n].abs().max())
+                         for n in ref["after"])
+        delta = torch.cat([(got["after"][n] - got["before"][n]).flatten() for n in ref["after"]])
+        delta_ref = torch.cat([(ref["after"][n] - ref["before"][n]).flatten() for n in ref["after"]])
+        row = {"loss": got["metrics"]["loss"], "grad_norm": got["metrics"]["grad_norm"],
+               "loss_rel": rel(got["metrics"]["loss"], ref["metrics"]["loss"]),
+               "grad_norm_rel": rel(got["metrics"]["grad_norm"], ref["metrics"]["grad_norm"]),
+               "weights_max_rel": weight_rel,
+               "update_rel": float((delta - delta_ref).norm() / delta_ref.norm()),
+               "sampler_kl_k3": got["metrics"].get("sampler_kl_k3"), "tolerance": tol}
+        # Adam's first step moves each weight by about lr·sign(g): the weights agree to ~lr whatever the
+        # precision, so the loss and the gradient norm are what the tolerance is judged on
+        row["ok"] = row["loss_rel"] <= tol and row["grad_norm_rel"] <= tol and (mp == "bf16" or weight_rel <= tol)
+        out[label] = row
+    return out
+
+
+# ---------------------------------------------------------------- 2. the whole trainer step on the device
+
+
+def write_run_files(folder: Path, shape: dict, dtype: torch.dtype, prompts: list[str],
+                    device: torch.device) -> tuple[Path, Path]:
+    """A model folder (random weights, synthetic tokenizer), a jsonl task and the reward module."""
+    model_dir = folder / "model"
+    random_model(shape, dtype, device).save_pretrained(model_dir)
+    synthetic_tokenizer(shape["vocab_size"]).save_pretrained(model_dir)
+    task = folder / "prompts.jsonl"
+    task.write_text("".join(json.dumps({"prompt": p, "answer": "0"}) + "\n" for p in prompts))
+    (folder / "gpu_check_rewards.py").write_text(REWARD_MODULE)
+    sys.path.insert(0, str(folder))  # the reward workers import it too
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(folder), str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])
+    return model_dir, task
+
+
+def trainer_recipe(model_dir: Path, task: Path, device: torch.device, dtype: str, prompts: int, n: int,
+                   new_tokens: int, steps: int, **train):
+    from adarl.config import load_recipe
+
+    return load_recipe(data={
+        "name": "gpu-check", "seed": 0,
+        "model": {"path": str(model_dir), "device": str(device), "dtype": dtype},
+        "task": {"source": "jsonl", "path": str(task), "eval_size": 4},
+        "rewards": [{"type": "callable", "function": "gpu_check_rewards:even_share"}], "reward_workers": 2,
+        "rollout": {"temperature": 1.0, "max_new_tokens": new_tokens, "backend": "hf", "max_batch": 1024},
+        "budget": {"max_steps": steps, "prompts_per_step": prompts},
+        "allocate": {"name": "fixed", "n": n}, "loss": {"name": "ppo_clip", "agg": "token-mean"},
+        "train": {"lr": 1e-6, "micro_batch_tokens": 16384, **train},
+        "eval": {"every": 0, "at_start": False}, "checkpoint": {"every": 0},
+        "log": {"tensorboard": False, "progress": False}})
+
+
+def trainer_steps(device: torch.device, work: Path) -> dict[str, Any]:
+    from adarl.train.trainer import Trainer
+
+    model_dir, task = write_run_files(work / "tiny", TINY, torch.float32, prompt_texts(40, 12, TINY["vocab_size"], 1),
+                                      device)
+    out: dict[str, Any] = {}
+    for label, mp in (("float32", "no"), ("bf16_mixed", "bf16")):
+        recipe = trainer_recipe(model_dir, task, device, "float32", 4, 8, 24, 2, mixed_precision=mp)
+        trainer = Trainer(recipe, work / f"run-{label}")
+        rows = [trainer.train_step() for _ in range(2)]
+        keys = ("reward", "loss", "grad_norm", "behaviour_logp_gap", "sampler_kl_k3", "peak_device_memory_gib",
+                "tokens", "step_s", "generate_s", "train_s")
+        out[label] = {"model_device": str(next(trainer.model.parameters()).device),
+                      "rows": [{k: float(r[k]) for k in keys if k in r} for r in rows]}
+        trainer.rewards.close() if hasattr(trainer.rewards, "close") else None
+        del trainer
+    return out
+
+
+# ---------------------------------------------------------------- 3. Qwen2.5 shapes: decoding and the update
+
+
+def decode_speed(model, tok, device: torch.device, rows: int, new_tokens: int, prompt_len: int) -> dict[str, Any]:
+    from adarl.config import RolloutConfig
+    from adarl.rollout.hf import HfGenerator
+    from adarl.types import Request, sampled_tokens
+
+    n = 8
+    texts = prompt_texts(rows // n, prompt_len, tok.vocab_size, 2)
+    requests = [Request(str(i), tok.encode(t), n) for i, t in enumerate(texts)]
+    gen = HfGenerator(model, tok, RolloutConfig(temperature=1.0, max_new_tokens=new_tokens, max_batch=rows), seed=0)
+    gen.generate(requests[:1])  # warm-up
+    sync(device)
+    t0 = time.perf_counter()
+    tokens = sampled_tokens(gen.generate(requests))
+    sync(device)
+    ours = time.perf_counter() - t0
+
+    ids = [tok.encode(t) for t in texts for _ in range(n)]
+    batch = tok.pad({"input_ids": ids}, return_tensors="pt").to(device)
+    kw = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=new_tokens, pad_token_id=2)
+    with torch.no_grad():
+        model.generate(**{k: v[:n] for k, v in batch.items()}, **kw)  # warm-up
+        sync(device)
+        t0 = time.perf_counter()
+        out = model.generate(**batch, **kw)
+        sync(device)
+    theirs = time.perf_counter() - t0
+    new = out[:, batch["input_ids"].shape[1]:]
+    # a row ends at its first eos; everything after it is padding
+    ended = (new == 2).int().cumsum(-1) > 0
+    their_tokens = int((~ended).sum() + (ended.any(-1)).sum())
+    return {"rows": rows, "new_tokens": new_tokens, "adarl_hf_tokens_per_s": tokens / ours,
+            "generate_tokens_per_s": their_tokens / theirs, "ratio": (tokens / ours) / (their_tokens / theirs),
+            "adarl_tokens": tokens, "generate_tokens": their_tokens}
+
+
+def update_speed(model, device: torch.device, rows: int, prompt_len: int, completion_len: int,
+                 shape: dict, peak_flops: float | None) -> dict[str, Any]:
+    from adarl.types import Batch, Group, Problem, Rollout
+
+    rng = np.random.default_rng(3)
+    vocab = shape["vocab_size"]
+    groups = []
+    for g in range(rows // 8):
+        rollouts = [Rollout(str(g), rng.integers(3, vocab, completion_len).tolist(), [0.0] * completion_len)
+                    for _ in range(8)]
+        groups.append(Group(Problem(str(g), ""), rng.integers(3, vocab, prompt_len).tolist(), rollouts,
+                            rewards=np.tile([0.0, 1.0], 4)[:, None], reward_names=("r",)))
+    batch = Batch(groups)
+    batch.advantages = rng.choice([-1.0, 1.0], len(batch))
+    from adarl import registry
+    from adarl.config import TrainConfig
+    from adarl.train.learner import Learner
+
+    cfg = TrainConfig(lr=1e-6, micro_batch_tokens=8 * (prompt_len + completion_len), mixed_precision="bf16")
+    learner = Learner(model, registry.build("loss", {"name": "ppo_clip"}), cfg, temperature=1.0, pad_id=2,
+                      max_len=completion_len, rng=np.random.default_rng(0))
+    learner.update(batch)  # warm-up: kernels, the optimizer's moments
+    reset_peak(device)
+    times = []
+    for _ in range(2):
+        sync(device)
+        t0 = time.perf_counter()
+        learner.update(batch)
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    seconds = min(times)
+    tokens = rows * (prompt_len + completion_len)
+    h, layers, seq = shape["hidden_size"], shape["num_hidden_layers"], prompt_len + completion_len
+    params = sum(p.numel() for p in model.parameters())
+    head = vocab * h
+    # forward + backward = 3 × forward: 6 FLOPs a parameter a token in the body, the head on completion tokens
+    # only (adarl projects only them), causal attention 6·L·h·seq a token; the chunked head's recomputation
+    # under checkpointing is not counted (it is not useful work)
+    flops = 6 * (params - head) * tokens + 6 * head * rows * completion_len + 6 * layers * h * seq * tokens
+    return {"rows": rows, "prompt_len": prompt_len, "completion_len": completion_len, "parameters": params,
+            "seconds": seconds, "trained_tokens_per_s": tokens / seconds, "model_flops": flops,
+            "mfu": flops / seconds / peak_flops if peak_flops else None, "peak_memory_gib": peak_gib(device),
+            "scheme": "bf16 autocast, float32 weights, grads and Adam moments (16 B/param)"}
+
+
+def shapes(device: torch.device, quick: bool, info: dict) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, shape in (QUICK if quick else QWEN).items():
+        res: dict[str, Any] = {}
+        try:
+            tok = synthetic_tokenizer(shape["vocab_size"])
+            model = random_model(shape, torch.bfloat16 if device.type == "cuda" else torch.float32, device)
+            res["decode"] = [decode_speed(model, tok, device, rows, 32 if quick else 128, 16 if quick else 64)
+                             for rows in (64, 256)]
+            del model
+            reset_peak(device)
+            model = random_model(shape, torch.float32, device)
+            res["update"] = update_speed(model, device, 16 if quick else 64, 16 if quick else 128,
+                                         16 if quick else 384, shape, info.get("peak_bf16_flops"))
+            del model
+        except Exception as err:  # noqa: BLE001 - one shape's failure must not lose the others
+            res["error"] = f"{type(err).__name__}: {err}"
+            res["traceback"] = traceback.format_exc()[-3000:]
+        reset_peak(device)
+        out[name] = res
+        print(name, json.dumps({k: v for k, v in res.items() if k != "traceback"}, default=str)[:2000], flush=True)
+    return out
+
+
+# ---------------------------------------------------------------- 4. TRL's GRPOTrainer against adarl's step
+
+
+def vs_trl(device: torch.device, quick: bool, work: Path) -> dict[str, Any]:
+    shape = QUICK["qwen-tiny-a"] if quick else QWEN["qwen2.5-0.5b"]
+    prompts, n, new_tokens, steps = (2, 4, 16, 3) if quick else (8, 8, 256, 4)
+    texts = prompt_texts(prompts * steps, 16 if quick else 64, shape["vocab_size"], 4)
+    model_dir, task = write_run_files(work / "vs_trl", shape, torch.bfloat16, texts, device)
+    out: dict[str, Any] = {"prompts": prompts, "n": n, "max_new_tokens": new_tokens, "steps": steps,
+                           "weights": "bfloat16 (both)", "vllm": False}
+
+    from adarl.train.trainer import Trainer
+
+    recipe = trainer_recipe(model_dir, task, device, "bfloat16", prompts, n, new_tokens, steps)
+    trainer = Trainer(recipe, work / "vs_trl-adarl")
+    rows = [trainer.train_step() for _ in range(steps)]
+    out["adarl"] = {"step_s": [float(r["step_s"]) for r in rows], "tokens": [float(r["tokens"]) for r in rows],
+                    "median_step_s": statistics.median(float(r["step_s"]) for r in rows[1:])}
+    del trainer
+    reset_peak(device)
+
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    class StepTimer(TrainerCallback):
+        def __init__(self):
+            self.t0, self.step_s = 0.0, []
+
+        def on_step_begin(self, *a, **k):
+            sync(device)
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, *a, **k):
+            sync(device)
+            self.step_s.append(time.perf_counter() - self.t0)
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).to(device)
+    tok = synthetic_tokenizer(shape["vocab_size"])
+    config = GRPOConfig(
+        output_dir=str(work / "vs_trl-trl"), max_steps=steps, per_device_train_batch_size=prompts * n,
+        gradient_accumulation_steps=1, steps_per_generation=1, num_iterations=1, num_generations=n,
+        max_completion_length=new_tokens, temperature=1.0, top_p=1.0, top_k=0, learning_rate=1e-6,
+        lr_scheduler_type="constant", optim="adamw_torch", max_grad_norm=1.0, beta=0.0, loss_type="dapo",
+        epsilon=0.2, epsilon_high=0.28, scale_rewards="group", shuffle_dataset=False, gradient_checkpointing=False,
+        bf16=device.type == "cuda", use_cpu=device.type == "cpu", seed=0, logging_steps=1, save_strategy="no",
+        report_to="none", disable_tqdm=True, dataloader_num_workers=0, log_completions=False)
+
+    def reward(prompts, completions, **kw):
+        return even_share(completions)
+
+    timer = StepTimer()
+    trl = GRPOTrainer(model=model, reward_funcs=[reward], args=config,
+                      train_dataset=Dataset.from_list([{"prompt": t} for t in texts]),
+                      processing_class=tok, callbacks=[timer])
+    trl.train()
+    out["trl"] = {"step_s": timer.step_s, "median_step_s": statistics.median(timer.step_s[1:])}
+    out["adarl_over_trl"] = out["adarl"]["median_step_s"] / out["trl"]["median_step_s"]
+    return out
+
+
+# ---------------------------------------------------------------- main
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--quick", action="store_true", help="small shapes and batches (a CPU, a test)")
+    parser.add_argument("--sections", default="equality,trainer,shapes,vs_trl")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    out_path = Path(args.out)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    result: dict[str, Any] = {"card": card(device), "command": " ".join(sys.argv), "quick": args.quick}
+    print(json.dumps(result["card"]), flush=True)
+    t_all = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="gpu_check-") as tmp:
+        work = Path(tmp)
+        sections = {"equality": lambda: equality(device), "trainer": lambda: trainer_steps(device, work),
+                    "shapes": lambda: shapes(device, args.quick, result["card"]),
+                    "vs_trl": lambda: vs_trl(device, args.quick, work)}
+        for name in args.sections.split(","):
+            t0 = time.perf_counter()
+            try:
+                result[name] = sections[name]()
+            except Exception as err:  # noqa: BLE001 - record it, run the next section
+                result[name] = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()[-3000:]}
+            result[name]["seconds"] = time.perf_counter() - t0
+            result["seconds"] = time.perf_counter() - t_all
+            out_path.write_text(json.dumps(result, indent=1, default=str))
+            shown = {k: v for k, v in result[name].items() if k != "traceback"}
+            print(f"== {name} ({result[name]['seconds']:.0f} s): {json.dumps(shown, default=str)[:3000]}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
