@@ -202,7 +202,8 @@ def equality(device: torch.device) -> dict[str, Any]:
     for label, dev, mp, tol in (("device_float32", device, "no", 1e-4), ("device_bf16_mixed", device, "bf16", 2e-2),
                                 ("cpu_bf16_mixed", cpu, "bf16", 2e-2)):
         got = run(dev, mp)
-        weight_rel = max(float((got["after"][n] - ref["after"][n]).abs().max() / ref["after"][n].abs().max())
+        # per tensor ‖w_device − w_cpu‖ / ‖w_cpu‖, the largest over the model's tensors
+        weight_rel = max(float((got["after"][n] - ref["after"][n]).norm() / ref["after"][n].norm())
                          for n in ref["after"])
         delta = torch.cat([(got["after"][n] - got["before"][n]).flatten() for n in ref["after"]])
         delta_ref = torch.cat([(ref["after"][n] - ref["before"][n]).flatten() for n in ref["after"]])
@@ -284,34 +285,35 @@ def decode_speed(model, tok, device: torch.device, rows: int, new_tokens: int, p
     texts = prompt_texts(rows // n, prompt_len, tok.vocab_size, 2)
     requests = [Request(str(i), tok.encode(t), n) for i, t in enumerate(texts)]
     gen = HfGenerator(model, tok, RolloutConfig(temperature=1.0, max_new_tokens=new_tokens, max_batch=rows), seed=0)
-    gen.generate(requests[:1])  # warm-up
-    sync(device)
-    t0 = time.perf_counter()
-    tokens = sampled_tokens(gen.generate(requests))
-    sync(device)
-    ours = time.perf_counter() - t0
-
     ids = [tok.encode(t) for t in texts for _ in range(n)]
     batch = tok.pad({"input_ids": ids}, return_tensors="pt").to(device)
     kw = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=new_tokens, pad_token_id=2)
-    with torch.no_grad():
-        model.generate(**{k: v[:n] for k, v in batch.items()}, **kw)  # warm-up
+
+    def timed(call):
         sync(device)
         t0 = time.perf_counter()
-        out = model.generate(**batch, **kw)
+        with torch.no_grad():
+            result = call()
         sync(device)
-    theirs = time.perf_counter() - t0
+        return time.perf_counter() - t0, result
+
+    # Each side's warm-up is the timed call itself: a new (rows, length) shape builds its attention and
+    # matmul plans once per process (cuDNN SDPA), which would otherwise bill whichever side runs first
+    warm = {"adarl": timed(lambda: gen.generate(requests))[0], "generate": timed(lambda: model.generate(**batch, **kw))[0]}
+    ours, rollouts = timed(lambda: gen.generate(requests))
+    tokens = sampled_tokens(rollouts)
+    theirs, out = timed(lambda: model.generate(**batch, **kw))
     new = out[:, batch["input_ids"].shape[1]:]
     # a row ends at its first eos; everything after it is padding
     ended = (new == 2).int().cumsum(-1) > 0
     their_tokens = int((~ended).sum() + (ended.any(-1)).sum())
-    return {"rows": rows, "new_tokens": new_tokens, "adarl_hf_tokens_per_s": tokens / ours,
+    return {"rows": rows, "new_tokens": new_tokens, "first_call_s": warm, "adarl_hf_tokens_per_s": tokens / ours,
             "generate_tokens_per_s": their_tokens / theirs, "ratio": (tokens / ours) / (their_tokens / theirs),
             "adarl_tokens": tokens, "generate_tokens": their_tokens}
 
 
 def update_speed(model, device: torch.device, rows: int, prompt_len: int, completion_len: int,
-                 shape: dict, peak_flops: float | None) -> dict[str, Any]:
+                 shape: dict, peak_flops: float | None, fp32_lm_head: bool = True) -> dict[str, Any]:
     from adarl.types import Batch, Group, Problem, Rollout
 
     rng = np.random.default_rng(3)
@@ -328,7 +330,8 @@ def update_speed(model, device: torch.device, rows: int, prompt_len: int, comple
     from adarl.config import TrainConfig
     from adarl.train.learner import Learner
 
-    cfg = TrainConfig(lr=1e-6, micro_batch_tokens=8 * (prompt_len + completion_len), mixed_precision="bf16")
+    cfg = TrainConfig(lr=1e-6, micro_batch_tokens=16 * (prompt_len + completion_len), mixed_precision="bf16",
+                      fp32_lm_head=fp32_lm_head)
     learner = Learner(model, registry.build("loss", {"name": "ppo_clip"}), cfg, temperature=1.0, pad_id=2,
                       max_len=completion_len, rng=np.random.default_rng(0))
     learner.update(batch)  # warm-up: kernels, the optimizer's moments
@@ -352,7 +355,8 @@ def update_speed(model, device: torch.device, rows: int, prompt_len: int, comple
     return {"rows": rows, "prompt_len": prompt_len, "completion_len": completion_len, "parameters": params,
             "seconds": seconds, "trained_tokens_per_s": tokens / seconds, "model_flops": flops,
             "mfu": flops / seconds / peak_flops if peak_flops else None, "peak_memory_gib": peak_gib(device),
-            "scheme": "bf16 autocast, float32 weights, grads and Adam moments (16 B/param)"}
+            "scheme": "bf16 autocast, float32 weights, grads and Adam moments (16 B/param)",
+            "lm_head": "float32" if fp32_lm_head else "bf16", "micro_batch_tokens": cfg.micro_batch_tokens}
 
 
 def shapes(device: torch.device, quick: bool, info: dict) -> dict[str, Any]:
@@ -367,8 +371,8 @@ def shapes(device: torch.device, quick: bool, info: dict) -> dict[str, Any]:
             del model
             reset_peak(device)
             model = random_model(shape, torch.float32, device)
-            res["update"] = update_speed(model, device, 16 if quick else 64, 16 if quick else 128,
-                                         16 if quick else 384, shape, info.get("peak_bf16_flops"))
+            res["update"] = [update_speed(model, device, 16 if quick else 64, 16 if quick else 128, 16 if quick else 384,
+                                          shape, info.get("peak_bf16_flops"), fp32_lm_head=fp32) for fp32 in (True, False)]
             del model
         except Exception as err:  # noqa: BLE001 - one shape's failure must not lose the others
             res["error"] = f"{type(err).__name__}: {err}"
@@ -440,6 +444,50 @@ def vs_trl(device: torch.device, quick: bool, work: Path) -> dict[str, Any]:
     return out
 
 
+# ---------------------------------------------------------------- profile: where a decode step's time goes
+
+
+def profile(device: torch.device, quick: bool) -> dict[str, Any]:
+    """torch.profiler over a short decode of adarl's hf decoder and of `model.generate` (0.5B shape, 64 rows)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    from adarl.config import RolloutConfig
+    from adarl.rollout.hf import HfGenerator
+    from adarl.types import Request
+
+    shape = QUICK["qwen-tiny-a"] if quick else QWEN["qwen2.5-0.5b"]
+    tok = synthetic_tokenizer(shape["vocab_size"])
+    model = random_model(shape, torch.bfloat16 if device.type == "cuda" else torch.float32, device)
+    texts = prompt_texts(8, 64, shape["vocab_size"], 2)
+    requests = [Request(str(i), tok.encode(t), 8) for i, t in enumerate(texts)]
+    gen = HfGenerator(model, tok, RolloutConfig(temperature=1.0, max_new_tokens=32, max_batch=64), seed=0)
+    ids = [tok.encode(t) for t in texts for _ in range(8)]
+    batch = tok.pad({"input_ids": ids}, return_tensors="pt").to(device)
+    kw = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=32, pad_token_id=2)
+    runs = {"adarl_hf": lambda: gen.generate(requests), "generate": lambda: model.generate(**batch, **kw)}
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    out: dict[str, Any] = {}
+    for name, call in runs.items():
+        with torch.no_grad():
+            call()  # warm-up
+            sync(device)
+            t0 = time.perf_counter()
+            call()
+            sync(device)
+            plain = time.perf_counter() - t0
+            with torch_profile(activities=activities) as prof:
+                call()
+                sync(device)
+        sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+        out[name] = {"seconds_32_tokens": plain,
+                     "by_device_time": prof.key_averages().table(sort_by=sort, row_limit=18, max_name_column_width=60),
+                     "by_cpu_time": prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18,
+                                                              max_name_column_width=60)}
+        print(f"-- {name}: {plain:.3f} s\n{out[name]['by_device_time']}\n{out[name]['by_cpu_time']}", flush=True)
+    return out
+
+
 # ---------------------------------------------------------------- main
 
 
@@ -460,7 +508,7 @@ def main() -> None:
         work = Path(tmp)
         sections = {"equality": lambda: equality(device), "trainer": lambda: trainer_steps(device, work),
                     "shapes": lambda: shapes(device, args.quick, result["card"]),
-                    "vs_trl": lambda: vs_trl(device, args.quick, work)}
+                    "vs_trl": lambda: vs_trl(device, args.quick, work), "profile": lambda: profile(device, args.quick)}
         for name in args.sections.split(","):
             t0 = time.perf_counter()
             try:

@@ -461,6 +461,9 @@ class TrainConfig(Section):
     # Adam's moments stay float32 (16 bytes a parameter); the lm head, log-probs, ratio and loss in float32.
     # "no": everything in model.dtype. (model.dtype bfloat16 instead keeps bf16 weights: 8 bytes a parameter.)
     mixed_precision: Literal["no", "bf16"] = "no"
+    # under bf16 mixed precision, the lm head multiplies in float32 (MiniMax-M1's fix for the train/sampler
+    # mismatch); false: in bf16 like the rest, faster at a large vocabulary
+    fp32_lm_head: bool = True
 
     @field_validator("betas")
     @classmethod

@@ -118,7 +118,7 @@ class Learner:
         packed = pack([p for p, _ in batch_rows], [c for _, c in batch_rows], self.pad_id).to(self.device)
         with torch.set_grad_enabled(grad), self._autocast():
             out = completion_logprobs(model or self.model, packed, self.temperature, self.cfg.logit_chunk,
-                                      entropy_grad=entropy_grad, extra_ids=extra_ids)
+                                      entropy_grad=entropy_grad, extra_ids=extra_ids, fp32_head=self.cfg.fp32_lm_head)
         return (packed, *out)
 
     def _autocast(self):

@@ -65,10 +65,13 @@ def micro_batches(order: list[int], lengths: list[int], max_tokens: int) -> list
     return out
 
 
-def head_logits(lm_head: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+def head_logits(lm_head: torch.nn.Module, hidden: torch.Tensor, fp32: bool = True) -> torch.Tensor:
     """Float32 logits. Under bf16 autocast the head still multiplies in float32 when its weights are
-    float32 (mixed precision): MiniMax-M1 traced most of the train/sampler probability mismatch to the
-    head's precision. Weights kept in bf16 (model.dtype) give bf16 logits, cast up."""
+    float32 (mixed precision) and `fp32`: MiniMax-M1 traced most of the train/sampler probability mismatch
+    to the head's precision. Weights kept in bf16 (model.dtype), or `fp32=False`, give bf16 logits, cast up
+    (a float32 head costs a large share of the update at a 150k vocabulary: bench/gpu_check.py)."""
+    if not fp32:
+        return lm_head(hidden).float()
     with torch.autocast(hidden.device.type, enabled=False):
         if lm_head.weight.dtype == torch.float32:
             return lm_head(hidden.float())
@@ -76,8 +79,8 @@ def head_logits(lm_head: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
 
 
 def _head(lm_head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float,
-          entropy_grad: bool = False, extra: torch.Tensor | None = None):
-    logits = head_logits(lm_head, hidden) / temperature
+          entropy_grad: bool = False, extra: torch.Tensor | None = None, fp32_head: bool = True):
+    logits = head_logits(lm_head, hidden, fp32_head) / temperature
     logp_all = torch.log_softmax(logits, dim=-1)
     logp = logp_all.gather(-1, targets[:, None])[:, 0]
     with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
@@ -105,14 +108,14 @@ def _unflat(packed: Packed, parts: list[torch.Tensor]) -> torch.Tensor:
 
 def completion_logprobs(
     model: torch.nn.Module, packed: Packed, temperature: float = 1.0, chunk: int = 512, entropy_grad: bool = False,
-    extra_ids: torch.Tensor | None = None,
+    extra_ids: torch.Tensor | None = None, fp32_head: bool = True,
 ) -> tuple[torch.Tensor, ...]:
     """(b, Lc) log-probs of the completion tokens under `model` at `temperature`, and entropies.
 
     Differentiable in the log-probs when grad is enabled; entropies are detached unless
     `entropy_grad` (for an entropy bonus), computed in the same chunked head pass either way.
     With `extra_ids` (b, Lc, k), also the (b, Lc, k) log-probs of those tokens at each position
-    (a distillation loss's teacher top-k), from the same pass.
+    (a distillation loss's teacher top-k), from the same pass. `fp32_head`: see `head_logits`.
     """
     lm_head = model.get_output_embeddings()
     packed = packed.to(lm_head.weight.device)
@@ -124,9 +127,9 @@ def completion_logprobs(
         h, t = flat[start : start + chunk], flat_targets[start : start + chunk]
         e = flat_extra[start : start + chunk] if flat_extra is not None else None
         if torch.is_grad_enabled():
-            out = checkpoint(_head, lm_head, h, t, temperature, entropy_grad, e, use_reentrant=False)
+            out = checkpoint(_head, lm_head, h, t, temperature, entropy_grad, e, fp32_head, use_reentrant=False)
         else:
-            out = _head(lm_head, h, t, temperature, extra=e)
+            out = _head(lm_head, h, t, temperature, extra=e, fp32_head=fp32_head)
         logps.append(out[0])
         entropies.append(out[1])
         if e is not None:
