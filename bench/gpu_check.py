@@ -299,7 +299,8 @@ def decode_speed(model, tok, device: torch.device, rows: int, new_tokens: int, p
 
     # Each side's warm-up is the timed call itself: a new (rows, length) shape builds its attention and
     # matmul plans once per process (cuDNN SDPA), which would otherwise bill whichever side runs first
-    warm = {"adarl": timed(lambda: gen.generate(requests))[0], "generate": timed(lambda: model.generate(**batch, **kw))[0]}
+    warm = {"adarl": timed(lambda: gen.generate(requests))[0],
+            "generate": timed(lambda: model.generate(**batch, **kw))[0]}
     ours, rollouts = timed(lambda: gen.generate(requests))
     tokens = sampled_tokens(rollouts)
     theirs, out = timed(lambda: model.generate(**batch, **kw))
@@ -371,8 +372,9 @@ def shapes(device: torch.device, quick: bool, info: dict) -> dict[str, Any]:
             del model
             reset_peak(device)
             model = random_model(shape, torch.float32, device)
-            res["update"] = [update_speed(model, device, 16 if quick else 64, 16 if quick else 128, 16 if quick else 384,
-                                          shape, info.get("peak_bf16_flops"), fp32_lm_head=fp32) for fp32 in (True, False)]
+            sizes = (16, 16, 16) if quick else (64, 128, 384)  # rows, prompt and completion lengths
+            res["update"] = [update_speed(model, device, *sizes, shape, info.get("peak_bf16_flops"), fp32_lm_head=fp32)
+                             for fp32 in (True, False)]
             del model
         except Exception as err:  # noqa: BLE001 - one shape's failure must not lose the others
             res["error"] = f"{type(err).__name__}: {err}"
