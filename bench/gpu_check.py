@@ -267,6 +267,7 @@ def trainer_steps(device: torch.device, work: Path) -> dict[str, Any]:
         keys = ("reward", "loss", "grad_norm", "behaviour_logp_gap", "sampler_kl_k3", "peak_device_memory_gib",
                 "tokens", "step_s", "generate_s", "train_s")
         out[label] = {"model_device": str(next(trainer.model.parameters()).device),
+                      "decode_path": getattr(trainer.generator, "last_decode_path", None),
                       "rows": [{k: float(r[k]) for k in keys if k in r} for r in rows]}
         trainer.rewards.close() if hasattr(trainer.rewards, "close") else None
         del trainer
@@ -299,16 +300,22 @@ def decode_speed(model, tok, device: torch.device, rows: int, new_tokens: int, p
 
     # Each side's warm-up is the timed call itself: a new (rows, length) shape builds its attention and
     # matmul plans once per process (cuDNN SDPA), which would otherwise bill whichever side runs first
+    eager = HfGenerator(model, tok, gen.cfg, seed=0)
+    eager.static_decode = None  # the growing cache, launched kernel by kernel
     warm = {"adarl": timed(lambda: gen.generate(requests))[0],
+            "adarl_eager": timed(lambda: eager.generate(requests))[0],
             "generate": timed(lambda: model.generate(**batch, **kw))[0]}
     ours, rollouts = timed(lambda: gen.generate(requests))
     tokens = sampled_tokens(rollouts)
+    eager_s, eager_rollouts = timed(lambda: eager.generate(requests))
     theirs, out = timed(lambda: model.generate(**batch, **kw))
     new = out[:, batch["input_ids"].shape[1]:]
     # a row ends at its first eos; everything after it is padding
     ended = (new == 2).int().cumsum(-1) > 0
     their_tokens = int((~ended).sum() + (ended.any(-1)).sum())
-    return {"rows": rows, "new_tokens": new_tokens, "first_call_s": warm, "adarl_hf_tokens_per_s": tokens / ours,
+    return {"rows": rows, "new_tokens": new_tokens, "first_call_s": warm, "adarl_decode_path": gen.last_decode_path,
+            "adarl_eager_tokens_per_s": sampled_tokens(eager_rollouts) / eager_s,
+            "adarl_hf_tokens_per_s": tokens / ours,
             "generate_tokens_per_s": their_tokens / theirs, "ratio": (tokens / ours) / (their_tokens / theirs),
             "adarl_tokens": tokens, "generate_tokens": their_tokens}
 

@@ -345,3 +345,25 @@ def test_a_retained_cache_continues_a_row_as_a_fresh_prefill_does(model_and_toke
     assert kept._retained
     kept.update_weights()  # another policy: nothing retained survives
     assert not kept._retained
+
+
+@pytest.mark.parametrize("max_batch", [64, 3])
+def test_the_fixed_cache_decoder_draws_the_same_rows(model_and_tokenizer, max_batch):
+    """The CUDA-graph path's decoder (a fixed-size cache, a 4D mask opened a slot a step, finished rows kept
+    in the batch) run eagerly on the CPU: with the same keys it draws exactly the growing cache's tokens,
+    with the same log-probs and finish reasons, including rows that stop early on eos."""
+    model, tok = model_and_tokenizer
+    ids = prompts(tok, ["What is 12+34?", "Hi", "Say a word, then stop."])
+    reqs = [Request("a", ids[0], 4), Request("b", ids[1], 3), Request("c", ids[2], 5)]
+    cfg = RolloutConfig(max_new_tokens=24, temperature=1.0, max_batch=max_batch)
+    growing = HfGenerator(model, tok, cfg, seed=4)
+    keys = growing.new_keys(reqs)
+    expected = growing.generate(reqs, keys=keys)
+    fixed = HfGenerator(model, tok, cfg, seed=4)
+    fixed.static_decode = "eager"
+    got = fixed.generate(reqs, keys=keys)
+    assert fixed.last_decode_path == "static" and growing.last_decode_path == "eager"
+    assert {r.finish_reason for r in expected} == {"stop", "length"}  # some rows end early: the case that differs
+    for a, b in zip(expected, got, strict=True):
+        assert (a.completion_ids, a.finish_reason) == (b.completion_ids, b.finish_reason)
+        torch.testing.assert_close(torch.tensor(b.logprobs), torch.tensor(a.logprobs), atol=1e-5, rtol=0)

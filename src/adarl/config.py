@@ -351,6 +351,8 @@ class RolloutConfig(Section):
     max_new_tokens: int = Field(128, gt=0, le=1_000_000)
     stop: list[str] = []
     max_batch: int = Field(64, gt=0, le=1_000_000)  # rows decoded at once
+    # hf on a GPU: replay each decode step as one CUDA graph over a fixed-size KV cache (rollout/hf.py: StaticStep)
+    cuda_graphs: bool = True
 
     @field_validator("stop")
     @classmethod

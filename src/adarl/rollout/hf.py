@@ -33,6 +33,14 @@ same trajectory, a tool turn appended) pre-fills only the new tokens on top of i
 `max_bytes` are dropped oldest first; `drop_retained()` empties the store, and any weight change
 does (an entry of another policy version is never used).
 
+CUDA graphs (`rollout.cuda_graphs`, on by default; a GPU only): eager decoding of a 0.5B–1.5B model is
+bound by kernel launches (an H100 spends ~18 ms a step launching ~800 kernels, whatever the rows, for
+~3 ms of GPU work: bench/gpu_check.py's profile). After the (eager) pre-fill, the rows' cache is copied
+into fixed buffers of pre-fill width + max new tokens, the attention mask becomes a 4D boolean mask
+opened one slot a step, and the step's forward is captured once and replayed (`StaticStep`). Rows that
+finish stay in the batch (the graph's shapes are fixed), as in `model.generate`. Retained caches (the
+agent loop) and the CPU keep the eager path; a capture that fails warns once and falls back to it.
+
 Partial rollouts (APRIL, algorithms.md §3.1): `generate(..., stop_when=f)` calls f(Progress) after
 every decoding step and stops when it returns True; unfinished rows come back with
 finish_reason "partial" and the tokens, log-probs and entropies sampled so far. A request with
@@ -53,6 +61,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.cache_utils import Cache, CacheLayerMixin
 
 from adarl.config import RolloutConfig
 from adarl.rollout.capabilities import CAPABILITIES
@@ -69,6 +78,97 @@ def splitmix64(x: np.ndarray) -> np.ndarray:
     z = (z ^ (z >> np.uint64(30))) * _MIX1
     z = (z ^ (z >> np.uint64(27))) * _MIX2
     return z ^ (z >> np.uint64(31))
+
+
+class _SlotLayer(CacheLayerMixin):
+    """One layer's keys and values in fixed buffers (rows, heads, length, dim), written at `slot`, a device
+    tensor the caller moves: nothing in `update` depends on a host value, so a CUDA graph can replay it."""
+
+    is_sliding = False
+    is_compileable = True
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, slot: torch.Tensor) -> None:
+        super().__init__()
+        self.keys, self.values, self.slot = keys, values, slot
+        self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        pass
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        self.keys.index_copy_(2, self.slot, key_states)
+        self.values.index_copy_(2, self.slot, value_states)
+        return self.keys, self.values
+
+    def get_seq_length(self, *args, **kwargs) -> int:
+        return self.keys.shape[2]
+
+    def get_max_length(self) -> int:
+        return self.keys.shape[2]
+
+    def get_max_cache_shape(self) -> int:
+        return self.keys.shape[2]
+
+    def get_mask_sizes(self, *args, **kwargs) -> tuple[int, int]:
+        return self.keys.shape[2], 0
+
+
+_SlotLayer.__abstractmethods__ = frozenset()  # transformers' layer interface differs between 5.x releases
+
+
+class StaticStep:
+    """Decode steps of a fixed set of rows over a fixed-size KV cache; on a GPU, one captured CUDA graph.
+
+    Built from the pre-fill's cache and 2D mask (rows, width) with room for `steps` more tokens. Each
+    `step(tokens, positions)` writes its inputs into the graph's buffers, opens the next slot of the mask,
+    replays, and returns the float32 logits of the next token. The first (warm-up) forward writes slot
+    `width`, which the first real step overwrites before any attention reads it.
+    """
+
+    def __init__(self, model: torch.nn.Module, cache: DynamicCache, attn: torch.Tensor, steps: int,
+                 graph: bool) -> None:
+        rows, width = attn.shape
+        length, device = width + steps, attn.device
+        self.model = model
+        self.slot = torch.tensor([width], device=device)  # the position the next token's keys go to
+        self.mask = torch.zeros((rows, 1, 1, length), dtype=torch.bool, device=device)
+        self.mask[:, 0, 0, :width] = attn.bool()
+        layers = []
+        for layer in cache.layers:
+            keys = layer.keys.new_zeros((*layer.keys.shape[:2], length, layer.keys.shape[-1]))
+            values = layer.values.new_zeros((*layer.values.shape[:2], length, layer.values.shape[-1]))
+            keys[:, :, :width], values[:, :, :width] = layer.keys, layer.values
+            layers.append(_SlotLayer(keys, values, self.slot))
+        self.cache = Cache(layers=layers)
+        self.ids = torch.zeros((rows, 1), dtype=torch.long, device=device)
+        self.pos = torch.zeros((rows, 1), dtype=torch.long, device=device)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        if graph:  # warm up on a side stream (kernels chosen, workspaces allocated), then capture
+            stream = torch.cuda.Stream(device)
+            stream.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(stream):
+                self._forward()
+            torch.cuda.current_stream(device).wait_stream(stream)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.out = self._forward()
+
+    def _forward(self) -> torch.Tensor:
+        return self.model(input_ids=self.ids, attention_mask=self.mask, position_ids=self.pos,
+                          past_key_values=self.cache, use_cache=True).logits[:, -1]
+
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        self.ids.copy_(tokens[:, None])
+        self.pos.copy_(positions[:, None])
+        self.mask.index_fill_(3, self.slot, True)
+        if self.graph is not None:
+            self.graph.replay()
+            out = self.out
+        else:
+            out = self._forward()
+        self.slot.add_(1)
+        logits = out.float()
+        return logits.clone() if logits is out else logits  # the graph's output buffer is rewritten next step
 
 
 def uniforms(keys: np.ndarray, positions: np.ndarray) -> np.ndarray:
@@ -211,6 +311,10 @@ class HfGenerator:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         stop_lens = [len(tokenizer.encode(s, add_special_tokens=False)) for s in cfg.stop]
         self.stop_window = max(stop_lens, default=0) + 2
+        # decode over a fixed-size cache: "graph" (a CUDA graph, on a GPU), "eager" (the same path without the
+        # graph: tests use it on the CPU), None (the growing cache with compaction)
+        self.static_decode: str | None = "graph" if cfg.cuda_graphs and self.device.type == "cuda" else None
+        self.last_decode_path = "eager"
 
     # ---------------------------------------------------------------- protocol
 
@@ -495,6 +599,21 @@ class HfGenerator:
         tokens = torch.searchsorted(cdf, target).clamp_(max=probs.shape[-1] - 1)[:, 0]
         return _Step(tokens, logp.gather(-1, tokens[:, None])[:, 0], entropy, temperatures, top2)
 
+    def _static_step(self, cache: DynamicCache, attn: torch.Tensor, steps: int) -> StaticStep | None:
+        """The fixed-cache decoder for this chunk (`static_decode`), or None for the growing cache. Retained
+        caches (the agent loop) need the growing one; a failed capture falls back to it for good."""
+        self.last_decode_path = "eager"
+        if self.static_decode is None or self._retain_bytes or steps <= 1:
+            return None
+        try:
+            step = StaticStep(self.model, cache, attn, steps, graph=self.static_decode == "graph")
+        except Exception as err:  # noqa: BLE001 - any model the graph cannot hold still decodes
+            _warn_no_graph(err)
+            self.static_decode = None
+            return None
+        self.last_decode_path = "cuda_graph" if step.graph is not None else "static"
+        return step
+
     def _stopped(self, row: _Row) -> bool:
         if not self.cfg.stop:
             return False
@@ -509,6 +628,7 @@ class HfGenerator:
         """Decode the rows `chunk` of `all_rows` until they finish; True when `stop_when` or `max_tokens` stopped it."""
         rows = [all_rows[j] for j in chunk]
         logits, cache, attn, next_pos = self._prefill(requests, rows)
+        static = self._static_step(cache, attn, max(r.limit - len(r.prefix) for r in rows))
         active = list(range(len(rows)))  # position in the current (compacted) batch -> row
         keys = np.array([r.key for r in rows], dtype=np.uint64)
         offsets = np.array([len(r.prefix) for r in rows], dtype=np.int64)  # completion position of step 0
@@ -552,6 +672,9 @@ class HfGenerator:
                 return True
             if not keep:
                 return False
+            if static is not None:  # fixed shapes: finished rows stay in the batch
+                logits, next_pos = static.step(tokens, next_pos), next_pos + 1
+                continue
             done_since_compact = len(active) - len(keep)
             # Compacting copies the cache: do it once enough rows have finished to pay for it.
             if done_since_compact and (done_since_compact * 8 >= len(active) or step % 8 == 7):
@@ -568,6 +691,11 @@ class HfGenerator:
             cache, logits = out.past_key_values, out.logits[:, -1].float()
             next_pos = next_pos + 1
         return False
+
+
+def _warn_no_graph(err: Exception) -> None:
+    warnings.warn(f"rollout.cuda_graphs: the decode step could not be captured as a CUDA graph ({type(err).__name__}: "
+                  f"{err}); decoding eagerly. Set rollout.cuda_graphs: false to silence this.", stacklevel=3)
 
 
 def _entropy(logp: torch.Tensor, probs: torch.Tensor | None = None) -> torch.Tensor:
