@@ -117,6 +117,9 @@ def test_resume_after_hard_kill_is_exact(tiny_model_dir, tmp_path, tests_on_path
 
     resumed = _run_cli(["--resume", str(killed_dir)], env)
     assert resumed.wait(timeout=300) == 0, resumed.stdout.read()
+    said = resumed.stdout.read()
+    assert f"resume: continuing {killed_dir} from step " in said, said
+    assert "done: step=6, tokens=" in said and f"report: {killed_dir / 'report.html'}" in said, said
 
     a = load_file(tmp_path / "straight" / "final" / "model.safetensors")
     b = load_file(killed_dir / "final" / "model.safetensors")
