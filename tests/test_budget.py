@@ -209,29 +209,33 @@ def test_token_cap_stops_generation_before_passing_it():
     assert len(out) + m["rollouts_cut_by_budget"] == 8  # cut rows are left out, never scored
 
 
-def test_trainer_holds_the_token_cap_in_every_mode(tiny_model_dir, tmp_path, monkeypatch):
-    """End to end on the tiny model: 4 prompts × 4 rollouts of up to 8 tokens want up to 128 tokens a
-    step; tokens_per_step 40 must hold in every step of every mode, and the runs must finish."""
+SCHEDULER_MODES = ({"mode": "sync"}, {"mode": "partial", "over_provision": 2.0},
+                   {"mode": "async", "eta": 1, "over_provision": 2.0})
+
+
+def train_tiny(model_dir, tmp_path, budget: dict, mode: dict, name: str) -> list[dict]:
+    """The metrics rows of a run on the tiny model: 4 prompts × 4 rollouts of up to 8 tokens a step."""
     import json
-    from pathlib import Path
 
     from adarl.config import load_recipe
     from adarl.train.trainer import Trainer
     from test_train import recipe_data, write_task
 
-    monkeypatch.syspath_prepend(str(Path(__file__).parent))
-    task = write_task(tmp_path)
-    for mode in ({"mode": "sync"}, {"mode": "partial", "over_provision": 2.0},
-                 {"mode": "async", "eta": 1, "over_provision": 2.0}):
-        data = recipe_data(tiny_model_dir, task, budget={"max_steps": 4, "prompts_per_step": 4,
-                                                         "tokens_per_step": 40},
-                           allocate={"name": "fixed", "n": 4}, log={"tensorboard": False, "progress": False},
-                           rollout={"temperature": 1.0, "max_new_tokens": 8, "scheduler": mode})
-        if mode["mode"] != "sync":
-            data["loss"] = {"name": "decoupled_ppo"}
-        run = tmp_path / mode["mode"]
-        Trainer(load_recipe(data=data), run).run()
-        rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if '"groups"' in x]
+    data = recipe_data(model_dir, write_task(tmp_path), budget={"prompts_per_step": 4, **budget},
+                       allocate={"name": "fixed", "n": 4}, log={"tensorboard": False, "progress": False},
+                       rollout={"temperature": 1.0, "max_new_tokens": 8, "scheduler": mode})
+    if mode["mode"] != "sync":
+        data["loss"] = {"name": "decoupled_ppo"}
+    Trainer(load_recipe(data=data), tmp_path / name).run()
+    assert (tmp_path / name / "final").is_dir()
+    return [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_trainer_holds_the_token_cap_in_every_mode(tiny_model_dir, tmp_path):
+    """End to end on the tiny model: 4 prompts × 4 rollouts of up to 8 tokens want up to 128 tokens a
+    step; tokens_per_step 40 must hold in every step of every mode, and the runs must finish."""
+    for mode in SCHEDULER_MODES:
+        rows = train_tiny(tiny_model_dir, tmp_path, {"max_steps": 4, "tokens_per_step": 40}, mode, mode["mode"])
         assert len(rows) == 4, mode
         assert all(r["step_tokens"] <= 40 for r in rows), [r["step_tokens"] for r in rows]
         assert sum(r["step_tokens"] for r in rows) > 0
@@ -239,7 +243,7 @@ def test_trainer_holds_the_token_cap_in_every_mode(tiny_model_dir, tmp_path, mon
         assert min(r["step_rollouts"] for r in rows) < 16, [r["step_rollouts"] for r in rows]
 
 
-def test_run_token_budget_is_a_cap_in_every_mode(tiny_model_dir, tmp_path, monkeypatch):
+def test_run_token_budget_is_a_cap_in_every_mode(tiny_model_dir, tmp_path):
     """budget.max_tokens 300 is not a multiple of a step's spend: the last step gets what is left.
 
     4 prompts × 4 rollouts of up to 8 tokens want up to 128 tokens a step. Without a cap the third
@@ -248,47 +252,18 @@ def test_run_token_budget_is_a_cap_in_every_mode(tiny_model_dir, tmp_path, monke
     spent gets the rest (at 8 tokens a rollout, 44 left gives each of the 4 prompts ⌊11/8⌋ = 1
     rollout) and is the last; what flooring leaves is under one rollout per prompt, 4 × 8 = 32.
     """
-    import json
-    from pathlib import Path
-
-    from adarl.config import load_recipe
-    from adarl.train.trainer import Trainer
-    from test_train import recipe_data, write_task
-
-    monkeypatch.syspath_prepend(str(Path(__file__).parent))
-    task = write_task(tmp_path)
-    for mode in ({"mode": "sync"}, {"mode": "partial", "over_provision": 2.0},
-                 {"mode": "async", "eta": 1, "over_provision": 2.0}):
-        data = recipe_data(tiny_model_dir, task, budget={"max_steps": None, "max_tokens": 300, "prompts_per_step": 4},
-                           allocate={"name": "fixed", "n": 4}, log={"tensorboard": False, "progress": False},
-                           rollout={"temperature": 1.0, "max_new_tokens": 8, "scheduler": mode})
-        if mode["mode"] != "sync":
-            data["loss"] = {"name": "decoupled_ppo"}
-        run = tmp_path / mode["mode"]
-        Trainer(load_recipe(data=data), run).run()
-        rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-        spent = [r["step_tokens"] for r in rows if "step_tokens" in r]
+    for mode in SCHEDULER_MODES:
+        rows = train_tiny(tiny_model_dir, tmp_path, {"max_steps": None, "max_tokens": 300}, mode, mode["mode"])
+        spent = [r["step_tokens"] for r in rows]
         assert rows[-1]["tokens"] == sum(spent) <= 300, (mode, spent)
-        assert (run / "final").is_dir()
         if mode["mode"] == "sync":
             assert rows[-1]["tokens"] > 300 - 32 and spent[-1] < 128, spent
 
 
-def test_a_step_that_can_pay_for_no_rollout_ends_a_token_budgeted_run(tiny_model_dir, tmp_path, monkeypatch):
+def test_a_step_that_can_pay_for_no_rollout_ends_a_token_budgeted_run(tiny_model_dir, tmp_path):
     """tokens_per_step 4 for 4 prompts × 4 rollouts of 8 expected tokens: each prompt's share is 1 token,
     ⌊1/8⌋ = 0 rollouts, so a step generates and trains nothing. Every step would do the same; a run with
     a token budget ends after the first such step instead of running max_steps (or, without one, forever)."""
-    import json
-    from pathlib import Path
-
-    from adarl.config import load_recipe
-    from adarl.train.trainer import Trainer
-    from test_train import recipe_data, write_task
-
-    monkeypatch.syspath_prepend(str(Path(__file__).parent))
-    data = recipe_data(tiny_model_dir, write_task(tmp_path),
-                       budget={"max_steps": 20, "max_tokens": 1000, "prompts_per_step": 4, "tokens_per_step": 4},
-                       allocate={"name": "fixed", "n": 4}, log={"tensorboard": False, "progress": False})
-    Trainer(load_recipe(data=data), tmp_path / "run").run()
-    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = train_tiny(tiny_model_dir, tmp_path, {"max_steps": 20, "max_tokens": 1000, "tokens_per_step": 4},
+                      {"mode": "sync"}, "run")
     assert [(r["step"], r["tokens"]) for r in rows] == [(1, 0)]
