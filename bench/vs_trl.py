@@ -3,11 +3,15 @@
 Run (CPU, a few minutes at the defaults)::
 
     .venv/bin/python bench/vs_trl.py [--steps 4] [--prompts 4] [--n 8] [--max-new-tokens 64]
-                                     [--threads T] [--out result.json]
+                                     [--threads T] [--model PATH] [--out result.json]
 
-Both trainers run in this one process, adarl first, then TRL (``trl==1.16``, needs ``trl`` and
-``datasets``), each on its own fresh copy of SmolLM2-135M-Instruct (float32, loaded offline
-from adarl's converted cache), with the same number of torch threads. What is equal:
+``--smoke --model TINY`` is the smallest run through every part (2 steps, the first a warm-up, of
+2 prompts × 2 completions of up to 8 tokens each side): tests/test_bench.py runs it on a tiny
+random model. Its times mean nothing.
+
+Both trainers run in this one process, adarl first, then TRL (``trl==1.16.0``, the ``bench``
+extra: ``trl`` and ``datasets``), each on its own fresh copy of SmolLM2-135M-Instruct (float32,
+loaded offline from adarl's converted cache), with the same number of torch threads. What is equal:
 
 - the task and prompts: the quickstart recipe's problems (2-digit addition, its system prompt),
   TRL gets exactly the problems adarl's uniform selector picked, in the same order and as the
@@ -68,8 +72,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--n", type=int, default=8, help="completions per prompt")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--threads", type=int, default=None, help="torch threads for both (default: torch's)")
+    p.add_argument("--model", default=None, help="model for both, a path or alias (default: the recipe's)")
+    p.add_argument("--smoke", action="store_true", help="the smallest run: 2 steps × 2 prompts × 2 completions, "
+                                                        "8 new tokens (with a tiny --model, for tests)")
     p.add_argument("--out", type=Path, default=None, help="write the result as JSON here")
     args = p.parse_args(argv)
+    if args.smoke:
+        args.steps, args.prompts, args.n, args.max_new_tokens = 2, 2, 2, 8
     if args.steps < 2:
         p.error("--steps must be at least 2 (the first step is excluded as a warm-up)")
     return args
@@ -137,7 +146,7 @@ def run_adarl(args: argparse.Namespace, threads: int) -> tuple[dict[str, Any], l
         f"budget.max_steps={args.steps}", f"budget.prompts_per_step={args.prompts}", f"allocate.n={args.n}",
         f"rollout.max_new_tokens={args.max_new_tokens}", f"model.threads={threads}",
         "eval.every=0", "eval.at_start=false", "checkpoint.every=0",
-        "log.tensorboard=false", "log.progress=false",
+        "log.tensorboard=false", "log.progress=false", *([f"model.path={args.model}"] if args.model else []),
     ]
     recipe = load_recipe(RECIPE, overrides)
     with tempfile.TemporaryDirectory(prefix="vs_trl_adarl_") as run_dir:
@@ -226,7 +235,7 @@ def run_trl(args: argparse.Namespace, threads: int, problems: list, hp: dict) ->
 
         def on_step_begin(self, _args, state, control, model=None, **kwargs):
             self.threads.append(torch.get_num_threads())
-            self.checkpointing.append(bool(model is not None and model.is_activation_checkpointing))
+            self.checkpointing.append(bool(model is not None and model.is_gradient_checkpointing))
             self.t0 = time.perf_counter()
 
         def on_step_end(self, _args, state, control, **kwargs):
@@ -264,7 +273,7 @@ def run_trl(args: argparse.Namespace, threads: int, problems: list, hp: dict) ->
             scale_rewards="group",
             mask_truncated_completions=False,
             shuffle_dataset=False,
-            activation_checkpointing=False,  # TRL's default is on; adarl's recipe has it off
+            gradient_checkpointing=False,  # TRL's default is on; adarl's recipe has it off
             bf16=False,
             fp16=False,
             use_cpu=True,

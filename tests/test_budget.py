@@ -89,7 +89,7 @@ MODES = [{"mode": "sync"}, {"mode": "partial", "over_provision": 2.0},
          {"mode": "async", "eta": 1, "over_provision": 2.0}]
 
 
-def run_steps(spec, mode, k, rollout_limit, token_limit, seed, steps=3):
+def run_steps(spec, mode, k, rollout_limit, token_limit, seed, steps=3, run_limit=None):
     rng = np.random.default_rng(seed)
     ids = [f"p{i}" for i in range(30)]
     problems = {q: Problem(q, "x") for q in ids}
@@ -97,10 +97,12 @@ def run_steps(spec, mode, k, rollout_limit, token_limit, seed, steps=3):
     allocator = registry.build("allocate", spec)
     generator = FakeGenerator()
     scheduler = RolloutScheduler(generator, SchedulerConfig(**mode))
-    budget = Budget(rollouts_per_step=rollout_limit, tokens_per_step=token_limit, expected_length=6)
+    budget = Budget(run_limit, rollouts_per_step=rollout_limit, tokens_per_step=token_limit, expected_length=6)
     spent = []
     try:
         for step in range(steps):
+            if budget.exhausted():
+                break
             budget.start_step()
             chosen = [problems[q] for q in rng.choice(ids, size=allocator.candidates(k), replace=False)]
             counts = allocator.plan(chosen, store, budget)
@@ -113,7 +115,8 @@ def run_steps(spec, mode, k, rollout_limit, token_limit, seed, steps=3):
                     spares = [problems[q] for q in rng.choice(ids, size=extra, replace=False)]
                     spare_counts = plan_spares(allocator, spares, requests, store, budget)
                     spare = [Request(q, [0], n) for q, n in spare_counts.items()]
-                    rollouts = scheduler.run(requests, spare, max_tokens=budget.step_tokens_left()).rollouts
+                    rollouts = scheduler.run(requests, spare, max_tokens=budget.step_tokens_left(),
+                                             run_tokens_left=budget.run_tokens_left()).rollouts
                 else:
                     rollouts = scheduler.complete(requests, max_tokens=budget.step_tokens_left()).rollouts
                 first = False
@@ -148,6 +151,40 @@ def test_step_budgets_hold_in_every_mode(spec, mode, k, rollout_limit, token_lim
         assert token_limit is None or tokens <= token_limit
 
 
+@settings(max_examples=300, deadline=None, database=None)
+@given(spec=st.sampled_from(ALLOCATORS), mode=st.sampled_from(MODES), k=st.integers(1, 6),
+       token_limit=st.one_of(st.none(), st.integers(1, 200)), run_limit=st.integers(1, 400),
+       seed=st.integers(0, 10_000))
+def test_run_budget_holds_in_every_mode(spec, mode, k, token_limit, run_limit, seed):
+    spent = run_steps(spec, mode, k, None, token_limit, seed, steps=8, run_limit=run_limit)
+    assert sum(tokens for _, tokens in spent) <= run_limit, spent
+
+
+def test_the_last_step_gets_what_the_run_has_left():
+    budget = Budget(max_tokens=300, tokens_per_step=128)
+    budget.start_step()
+    assert budget.step_tokens_left() == 128  # min(128 a step, 300 the run)
+    budget.spend(16, tokens=126)
+    assert budget.step_tokens_left() == 2 and budget.run_tokens_left() == 174
+    budget.start_step()  # 174 left > 126 the step before spent: not the last
+    assert not budget.exhausted() and budget.step_tokens_left() == 128
+    budget.spend(16, tokens=128)
+    budget.start_step()  # 300 - 254 = 46 left <= 128: this step gets them all and is the last
+    assert budget.step_tokens_left() == 46 and budget.last_step
+    budget.spend(4, tokens=40)
+    assert budget.step_tokens_left() == 6 and budget.exhausted()  # 294 < 300, but no step follows the last
+    # spares are planned on a view with the needed requests reserved: those come off the run's rest too
+    fresh = Budget(max_tokens=100)
+    fresh.start_step()
+    fresh.spend(2, tokens=60)
+    assert fresh.reserve(2, 30).step_tokens_left() == 10  # 100 - 60 - 30
+    # a resumed run knows whether its next step is the last
+    again = Budget(max_tokens=300, tokens_per_step=128)
+    again.load_state_dict(budget.state_dict() | {"total_tokens": 254, "step_tokens": 128})
+    again.start_step()
+    assert again.last_step and again.step_tokens_left() == 46
+
+
 def test_spares_get_the_allocators_count_within_the_budget():
     # DARS plans n = 4 for every prompt. 3 needed prompts reserve 12 rollouts of the 20 allowed,
     # so of 4 spares only 8 rollouts fit: largest remainder over equal wants gives 2 each.
@@ -172,31 +209,61 @@ def test_token_cap_stops_generation_before_passing_it():
     assert len(out) + m["rollouts_cut_by_budget"] == 8  # cut rows are left out, never scored
 
 
-def test_trainer_holds_the_token_cap_in_every_mode(tiny_model_dir, tmp_path, monkeypatch):
-    """End to end on the tiny model: 4 prompts × 4 rollouts of up to 8 tokens want up to 128 tokens a
-    step; tokens_per_step 40 must hold in every step of every mode, and the runs must finish."""
+SCHEDULER_MODES = ({"mode": "sync"}, {"mode": "partial", "over_provision": 2.0},
+                   {"mode": "async", "eta": 1, "over_provision": 2.0})
+
+
+def train_tiny(model_dir, tmp_path, budget: dict, mode: dict, name: str) -> list[dict]:
+    """The metrics rows of a run on the tiny model: 4 prompts × 4 rollouts of up to 8 tokens a step."""
     import json
-    from pathlib import Path
 
     from adarl.config import load_recipe
     from adarl.train.trainer import Trainer
     from test_train import recipe_data, write_task
 
-    monkeypatch.syspath_prepend(str(Path(__file__).parent))
-    task = write_task(tmp_path)
-    for mode in ({"mode": "sync"}, {"mode": "partial", "over_provision": 2.0},
-                 {"mode": "async", "eta": 1, "over_provision": 2.0}):
-        data = recipe_data(tiny_model_dir, task, budget={"max_steps": 4, "prompts_per_step": 4,
-                                                         "tokens_per_step": 40},
-                           allocate={"name": "fixed", "n": 4}, log={"tensorboard": False, "progress": False},
-                           rollout={"temperature": 1.0, "max_new_tokens": 8, "scheduler": mode})
-        if mode["mode"] != "sync":
-            data["loss"] = {"name": "decoupled_ppo"}
-        run = tmp_path / mode["mode"]
-        Trainer(load_recipe(data=data), run).run()
-        rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if '"groups"' in x]
+    data = recipe_data(model_dir, write_task(tmp_path), budget={"prompts_per_step": 4, **budget},
+                       allocate={"name": "fixed", "n": 4}, log={"tensorboard": False, "progress": False},
+                       rollout={"temperature": 1.0, "max_new_tokens": 8, "scheduler": mode})
+    if mode["mode"] != "sync":
+        data["loss"] = {"name": "decoupled_ppo"}
+    Trainer(load_recipe(data=data), tmp_path / name).run()
+    assert (tmp_path / name / "final").is_dir()
+    return [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_trainer_holds_the_token_cap_in_every_mode(tiny_model_dir, tmp_path):
+    """End to end on the tiny model: 4 prompts × 4 rollouts of up to 8 tokens want up to 128 tokens a
+    step; tokens_per_step 40 must hold in every step of every mode, and the runs must finish."""
+    for mode in SCHEDULER_MODES:
+        rows = train_tiny(tiny_model_dir, tmp_path, {"max_steps": 4, "tokens_per_step": 40}, mode, mode["mode"])
         assert len(rows) == 4, mode
         assert all(r["step_tokens"] <= 40 for r in rows), [r["step_tokens"] for r in rows]
         assert sum(r["step_tokens"] for r in rows) > 0
         # the budget binds: fewer than the 16 rollouts a step would start without it
         assert min(r["step_rollouts"] for r in rows) < 16, [r["step_rollouts"] for r in rows]
+
+
+def test_run_token_budget_is_a_cap_in_every_mode(tiny_model_dir, tmp_path):
+    """budget.max_tokens 300 is not a multiple of a step's spend: the last step gets what is left.
+
+    4 prompts × 4 rollouts of up to 8 tokens want up to 128 tokens a step. Without a cap the third
+    step of a sync run (the tiny random model almost never stops before 8 tokens) would end at
+    about 3 × 128 = 384 > 300. With it, the step that starts with no more left than the step before
+    spent gets the rest (at 8 tokens a rollout, 44 left gives each of the 4 prompts ⌊11/8⌋ = 1
+    rollout) and is the last; what flooring leaves is under one rollout per prompt, 4 × 8 = 32.
+    """
+    for mode in SCHEDULER_MODES:
+        rows = train_tiny(tiny_model_dir, tmp_path, {"max_steps": None, "max_tokens": 300}, mode, mode["mode"])
+        spent = [r["step_tokens"] for r in rows]
+        assert rows[-1]["tokens"] == sum(spent) <= 300, (mode, spent)
+        if mode["mode"] == "sync":
+            assert rows[-1]["tokens"] > 300 - 32 and spent[-1] < 128, spent
+
+
+def test_a_step_that_can_pay_for_no_rollout_ends_a_token_budgeted_run(tiny_model_dir, tmp_path):
+    """tokens_per_step 4 for 4 prompts × 4 rollouts of 8 expected tokens: each prompt's share is 1 token,
+    ⌊1/8⌋ = 0 rollouts, so a step generates and trains nothing. Every step would do the same; a run with
+    a token budget ends after the first such step instead of running max_steps (or, without one, forever)."""
+    rows = train_tiny(tiny_model_dir, tmp_path, {"max_steps": 20, "max_tokens": 1000, "tokens_per_step": 4},
+                      {"mode": "sync"}, "run")
+    assert [(r["step"], r["tokens"]) for r in rows] == [(1, 0)]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -328,10 +330,16 @@ def test_keep_checkpoints_keeps_them(tmp_path):
 # ---------------------------------------------------------------- a real comparison on the tiny model
 
 
+def _cli_compare(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """`adarl compare ARGS` as a user runs it: its own process, 200 columns so no table title wraps."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "adarl.cli", "compare", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
 def test_compare_end_to_end_on_tiny_model(tiny_model_dir, tmp_path, monkeypatch):
-    """Two recipes, one seed, a 150-token budget, through `adarl train` subprocesses; a rerun skips them."""
-    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    """`adarl compare` on two recipes, one seed, a 150-token budget, to its last line; a rerun skips the runs."""
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
     from test_train import recipe_data, write_task
 
@@ -346,37 +354,51 @@ def test_compare_end_to_end_on_tiny_model(tiny_model_dir, tmp_path, monkeypatch)
         (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(data))
         paths.append(tmp_path / f"{name}.yaml")
     out = tmp_path / "cmp"
-    lines: list[str] = []
-    result = cmp.compare(paths, 1, 150, out, echo=lines.append)
-    assert [r["name"] for r in result["recipes"]] == ["grpo", "drgrpo"], lines
-    for rec in result["recipes"]:
+    args = [*map(str, paths), "--budget-tokens", "150", "--seeds", "1", "--out", str(out)]
+    proc = _cli_compare(args, tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    said = proc.stdout
+    # the three tables (titles, then a row per recipe), the notes, and the two files, in that order
+    titles = ["comparison at 150 generated tokens", "against the baseline grpo (same seed, same held-out problems)",
+              "per run", "pass@1 at B:", f"wrote {out / 'comparison.json'}", f"wrote {out / 'report.html'}"]
+    at = [said.index(t) for t in titles]
+    assert at == sorted(at), said
+    assert said.rstrip().endswith(f"wrote {out / 'report.html'}"), said
+    per_recipe = said[at[0]:at[1]]
+    assert "│ grpo " in per_recipe and "│ drgrpo " in per_recipe and "1/1" in per_recipe, said
+    assert "│ drgrpo " in said[at[1]:at[2]] and "│ grpo " not in said[at[1]:at[2]], said  # only the non-baseline
+    assert said[at[2]:at[3]].count(" finished ") == 2, said
+
+    saved = json.loads((out / "comparison.json").read_text())
+    assert [r["name"] for r in saved["recipes"]] == ["grpo", "drgrpo"]
+    for rec in saved["recipes"]:
         run = rec["runs"][0]
         assert run["status"] == "finished", (out / rec["name"] / "seed0" / "train.log").read_text()
         rows = runs.read_metrics(Path(run["dir"]))
         last = rows[-1]
-        # stopped by the token budget (max_steps is null), within one step (2 prompts x 4 x 8 tokens) of it
-        assert 150 - 64 < last["tokens"] <= 150 + 64 and last["step"] >= 3
+        # stopped by the token budget (max_steps is null), never past it: steps of up to 2 prompts x 4 x 8 = 64
+        # tokens leave 150 - 2 x 64 = 22 or more for a third, trimmed to what is left
+        assert last["tokens"] <= 150 and last["step"] >= 3 and rows[-1]["step_tokens"] < 64
         assert "eval/pass@1" in last and rec["final_pass@1"]["n"] == 1
         config = yaml.safe_load((Path(run["dir"]) / "config.yaml").read_text())
         assert config["budget"]["max_steps"] is None and config["budget"]["max_tokens"] == 150
         assert (Path(run["dir"]) / "final").is_dir() and not (Path(run["dir"]) / "checkpoints").exists()
-    saved = json.loads((out / "comparison.json").read_text())
     # changed with issue 22: the default target is each seed's start + 0.1, not the baseline's final mean
     assert saved["budget_tokens"] == 150 and saved["target"]["gain"] == 0.1 and saved["baseline"] == "grpo"
     assert saved["equal_tokens_at"] == 150 and saved["recipes"][1]["vs_baseline"]["pass@1_at_budget"]["n"] == 1
-    mtime = (out / "grpo" / "seed0" / "metrics.jsonl").stat().st_mtime_ns
-    lines.clear()
-    again = cmp.compare(paths, 1, 150, out, echo=lines.append)
-    assert sum("skipped" in line for line in lines) == 2
-    assert (out / "grpo" / "seed0" / "metrics.jsonl").stat().st_mtime_ns == mtime
-    assert again["recipes"][0]["final_pass@1"] == result["recipes"][0]["final_pass@1"]
 
-    from adarl.report import write_report
-
-    text = write_report(out).read_text()
+    text = (out / "report.html").read_text()
     # 6 curve panels (no eval JSON) + the prompt × step heat maps (pass rate, rollouts) from prompts.jsonl
     assert text.count('src="data:image/png;base64,') == 8
     assert "<td>grpo</td><td>1/1</td>" in text and "<td>drgrpo</td><td>1/1</td>" in text
+
+    mtime = (out / "grpo" / "seed0" / "metrics.jsonl").stat().st_mtime_ns
+    again = _cli_compare([*args, "--no-report"], tmp_path)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert again.stdout.count("finished before, skipped") == 2 and "report.html" not in again.stdout
+    assert (out / "grpo" / "seed0" / "metrics.jsonl").stat().st_mtime_ns == mtime
+    assert json.loads((out / "comparison.json").read_text())["recipes"][0]["final_pass@1"] == \
+        saved["recipes"][0]["final_pass@1"]
 
 
 def test_cli_compare_checks_recipes_and_ray_before_running(tmp_path):

@@ -132,8 +132,10 @@ def test_sft_command_line(tiny_model_dir, tmp_path):
     run = tmp_path / "sft"
     result = CliRunner().invoke(app, ["sft", str(recipe), "--steps", "2", "--k", "4", "--run-dir", str(run)])
     assert result.exit_code == 0, result.output
-    assert "target_logprob=" in result.output
+    last = result.stdout.strip().splitlines()[-1]  # the command's last line names the step and the run
+    assert last.startswith("done: step=2, loss=") and "target_logprob=" in last and f"(run directory: {run})" in last
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 2
+    assert (run / "final" / "model.safetensors").is_file()
     bad = CliRunner().invoke(app, ["sft", str(recipe), "--objective", "dpo"])
     assert bad.exit_code == 2 and "otr" in bad.output
 

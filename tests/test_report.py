@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -166,6 +167,27 @@ def test_report_of_a_directory_that_is_neither(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="neither a run directory"):
         write_report(tmp_path / "empty")
+
+
+def test_cli_report_of_a_run_and_of_a_comparison(tmp_path):
+    """`adarl report DIR` in its own process: the page of a run, of a comparison, and exit 2 for neither."""
+    run = write_run(tmp_path / "run", {0: 0.2, 3: 0.5}, steps=3, tokens_per_step=120, name="solo")
+    out = write_comparison(tmp_path / "cmp")
+    (tmp_path / "empty").mkdir()
+    env = {**os.environ, "COLUMNS": "200"}
+    said = {}
+    for name in ("run", "cmp", "empty"):
+        proc = subprocess.run([sys.executable, "-m", "adarl.cli", "report", str(tmp_path / name)], env=env,
+                              capture_output=True, text=True, timeout=300)
+        said[name] = proc
+    assert said["run"].returncode == 0, said["run"].stderr
+    assert said["run"].stdout == f"wrote {run / 'report.html'}\n"
+    assert "Held-out greedy pass@1" in (run / "report.html").read_text()
+    assert said["cmp"].returncode == 0, said["cmp"].stderr
+    assert said["cmp"].stdout == f"wrote {out / 'report.html'}\n"
+    assert "<td>A</td><td>3/3</td>" in (out / "report.html").read_text()  # the comparison's summary table
+    assert said["empty"].returncode == 2 and "neither a run directory" in said["empty"].stderr
+    assert "Traceback" not in said["empty"].stderr and not (tmp_path / "empty" / "report.html").exists()
 
 
 # ---------------------------------------------------------------- in a browser

@@ -60,7 +60,7 @@ def scheduled_recipe(model_dir: Path, task: Path, scheduler: dict, max_steps: in
 @pytest.fixture
 def tests_on_path(monkeypatch):
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
-    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
 
 
 def test_reward_rises_on_tiny_model(tiny_model_dir, tmp_path, tests_on_path):
@@ -94,7 +94,8 @@ def test_resume_after_hard_kill_is_exact(tiny_model_dir, tmp_path, tests_on_path
                        checkpoint={"every": 1, "keep": 2}, deterministic=True)
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(yaml.safe_dump(data))
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
 
     straight = _run_cli([str(recipe), "--run-dir", str(tmp_path / "straight")], env)
     assert straight.wait(timeout=300) == 0, straight.stdout.read()
@@ -117,6 +118,9 @@ def test_resume_after_hard_kill_is_exact(tiny_model_dir, tmp_path, tests_on_path
 
     resumed = _run_cli(["--resume", str(killed_dir)], env)
     assert resumed.wait(timeout=300) == 0, resumed.stdout.read()
+    said = resumed.stdout.read()
+    assert f"resume: continuing {killed_dir} from step " in said, said
+    assert "done: step=6, tokens=" in said and f"report: {killed_dir / 'report.html'}" in said, said
 
     a = load_file(tmp_path / "straight" / "final" / "model.safetensors")
     b = load_file(killed_dir / "final" / "model.safetensors")

@@ -22,8 +22,14 @@ class Budget:
     total_rollouts: int = 0
     step_tokens: int = 0
     step_rollouts: int = 0
+    last_step: bool = False  # this step gets the rest of max_tokens; none follows it
 
     def start_step(self) -> None:
+        # a step that starts with no more of the run's tokens left than the step before spent gets
+        # them all and is the last: what it leaves (rollouts are whole) would pay for a few rollouts
+        # or none, not for a step like the others
+        left = self.run_tokens_left()
+        self.last_step = left is not None and left <= self.step_tokens
         self.step_tokens = 0
         self.step_rollouts = 0
 
@@ -49,19 +55,23 @@ class Budget:
         for requests made beside ones not yet generated (spare requests of over-provisioning)."""
         view = Budget(**{k: getattr(self, k) for k in self.__dataclass_fields__})
         view.step_rollouts += rollouts
+        view.total_rollouts += rollouts
         view.step_tokens += int(math.ceil(tokens))
+        view.total_tokens += int(math.ceil(tokens))
         return view
 
-    def step_tokens_left(self) -> int | None:
-        """Tokens still allowed this step (None = unlimited).
-
-        Only `tokens_per_step` limits a step. `max_tokens` ends the run once it is reached, so
-        the last step may overshoot it by less than one step: trimming the last step to the
-        remainder would train on a batch no other step looks like.
-        """
-        if self.tokens_per_step is None:
+    def run_tokens_left(self) -> int | None:
+        """Tokens the run may still generate (None = unlimited)."""
+        if self.max_tokens is None:
             return None
-        return max(0, self.tokens_per_step - self.step_tokens)
+        return max(0, self.max_tokens - self.total_tokens)
+
+    def step_tokens_left(self) -> int | None:
+        """Tokens still allowed this step (None = unlimited): what is left of `tokens_per_step` or
+        of the run's `max_tokens`, whichever is less. So a run never generates more than
+        `max_tokens`: its last step is trimmed to the rest, like any step to `tokens_per_step`."""
+        step = None if self.tokens_per_step is None else max(0, self.tokens_per_step - self.step_tokens)
+        return min((n for n in (step, self.run_tokens_left()) if n is not None), default=None)
 
     def step_rollouts_left(self) -> int | None:
         """Rollouts still allowed this step (None = unlimited)."""
@@ -70,7 +80,8 @@ class Budget:
         return max(0, self.rollouts_per_step - self.step_rollouts)
 
     def exhausted(self) -> bool:
-        return self.max_tokens is not None and self.total_tokens >= self.max_tokens
+        """No step follows: the run's tokens are spent, or this step got the rest of them."""
+        return self.max_tokens is not None and (self.total_tokens >= self.max_tokens or self.last_step)
 
     def metrics(self) -> dict[str, int]:
         return {
@@ -81,11 +92,14 @@ class Budget:
         }
 
     def state_dict(self) -> dict[str, int]:
-        return {"total_tokens": self.total_tokens, "total_rollouts": self.total_rollouts}
+        # the last step's tokens: whether the next step is the run's last (start_step)
+        return {"total_tokens": self.total_tokens, "total_rollouts": self.total_rollouts,
+                "step_tokens": self.step_tokens}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.total_tokens = state["total_tokens"]
         self.total_rollouts = state["total_rollouts"]
+        self.step_tokens = state.get("step_tokens", 0)  # checkpoints before issue 38 have none
 
 
 def check_feasible(budget_cfg, n_train: int, task_eval_size: int, eval_size: int | None, n_eval: int) -> None:

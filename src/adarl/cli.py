@@ -277,9 +277,9 @@ def compare(
                          target_gain=target_gain, baseline=baseline, ray_address=ray_address, echo=typer.echo,
                          keep_checkpoints=keep_checkpoints)
     console = Console()
-    for t in cmp.tables(result):
+    for t in comparison.tables(result):
         console.print(t)
-    typer.echo(cmp.NOTES)
+    typer.echo(comparison.NOTES)
     typer.echo(f"wrote {out / cmp.COMPARISON_FILE}")
     if report:
         from adarl.report import write_report

@@ -3,8 +3,8 @@
 Aggregation (`aggregate`), per recipe over its finished seeds, at the budget B (the comparison's
 ``budget_tokens``; for a directory without one, the fewest tokens a finished run spent). Each
 seed's held-out curve is its (tokens, eval/pass@1) points joined by straight lines and held
-constant before its first and after its last eval; a run ends within one step past B, so its
-last eval usually lies beyond B.
+constant before its first and after its last eval; a run never spends more than B (its last
+step gets what is left), so its last eval lies at or just short of B.
 - pass@1 at B ("at equal tokens"): the curve's value at B, i.e. linear interpolation between
   the evals on either side of B. Also shown per run with the Wilson 95% interval of one pass@1
   on the run's n held-out problems (`adarl.stats.wilson`; n = eval.size, else task.eval_size).

@@ -443,7 +443,7 @@ class ClusterConfig(Section):
 
 class BudgetConfig(Section):
     max_steps: int | None = Field(20, gt=0)
-    max_tokens: int | None = Field(None, gt=0)  # stop once this many tokens were generated
+    max_tokens: int | None = Field(None, gt=0)  # the run generates at most this many tokens (budget.py)
     prompts_per_step: int = Field(8, gt=0)
     tokens_per_step: int | None = Field(None, gt=0)  # an allocator may not spend more in a step
     rollouts_per_step: int | None = Field(None, gt=0)  # nor more rollouts than this

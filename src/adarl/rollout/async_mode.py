@@ -79,6 +79,9 @@ class AsyncRolloutScheduler(RolloutScheduler):
         self._tokens = 0  # sampled by the thread since the last run
         self._sync_s = self._copy_s = 0.0  # the last weight update: trainer blocked / copying
         self._cap: int | None = None  # tokens the thread may sample between two runs (the step budget)
+        # what a run's token budget leaves once a run has collected: the thread's look-ahead for the next step
+        # and this step's later allocator stages share it (None: no run budget, or not collected yet)
+        self._run_left: int | None = None
         self._starved = False  # the thread cannot take another decoding step within _cap
 
     def state_dict(self) -> dict[str, Any]:
@@ -109,9 +112,11 @@ class AsyncRolloutScheduler(RolloutScheduler):
             self.generator.weight_listeners.remove(self._load_weights)  # type: ignore[attr-defined]
         self._worker = None
 
-    def run(self, needed: list[Request], spare: Spares = (), max_tokens: int | None = None) -> StageResult:
+    def run(self, needed: list[Request], spare: Spares = (), max_tokens: int | None = None,
+            run_tokens_left: int | None = None) -> StageResult:
         with self._cond:
             self._cap = max_tokens  # what the thread may sample until the next run collects it
+            self._run_left = None  # until this run collects, max_tokens holds the run's budget too
         self._start()
         version, target, eta = self.generator.policy_version, len(needed), self.cfg.eta
         if not target:  # nothing needed: nothing enqueued, nothing consumed
@@ -144,11 +149,16 @@ class AsyncRolloutScheduler(RolloutScheduler):
                     break
                 self._cond.wait()
             chosen = [g for g in chosen if g.complete]
+            if run_tokens_left is not None:  # pause the thread: what it sampled so far counts for this step
+                with self._paused():
+                    pass
             self._awaited = set()
             taken = {g.id for g in chosen}
             self.buffer = [g for g in self.buffer if g.id not in taken]
             self._run_version = version
             tokens, self._tokens = self._tokens, 0
+            if run_tokens_left is not None:
+                self._run_left = run_tokens_left - tokens
             self._starved = False
             self._cond.notify_all()
             wait = time.perf_counter() - t0
@@ -171,6 +181,17 @@ class AsyncRolloutScheduler(RolloutScheduler):
                 "weight_copy_s": self._copy_s,
             }
         return self._result(chosen)
+
+    def complete(self, requests: list[Request], max_tokens: int | None = None) -> StageResult:
+        """A later allocator stage. Under a run's token budget it shares what the run has left with what
+        the thread samples ahead for the next step: the thread waits, the stage gets what it left."""
+        if self._run_left is None:
+            return super().complete(requests, max_tokens)
+        with self._paused():
+            room = max(0, self._run_left - self._tokens)
+            result = super().complete(requests, room if max_tokens is None else min(max_tokens, room))
+            self._run_left -= result.tokens_spent
+        return result
 
     def _start(self) -> None:
         """Copy the generator's model and tokenizer and start the generation thread (once)."""
@@ -235,7 +256,8 @@ class AsyncRolloutScheduler(RolloutScheduler):
                         if self._stop:
                             return
                         self._cond.wait()
-                    allowance = None if self._cap is None else self._cap - self._tokens
+                    caps = [c for c in (self._cap, self._run_left) if c is not None]
+                    allowance = min(caps) - self._tokens if caps else None
                     requests, keys, slots = _rows(work)
                     row_group = [work[gi].id for gi, _ in slots]
                     worker = self._worker

@@ -168,7 +168,8 @@ class RolloutScheduler:
 
     # ---------------------------------------------------------------- protocol
 
-    def run(self, needed: list[Request], spare: Spares = (), max_tokens: int | None = None) -> StageResult:
+    def run(self, needed: list[Request], spare: Spares = (), max_tokens: int | None = None,
+            run_tokens_left: int | None = None) -> StageResult:
         """len(needed) complete groups (all of `needed` in "sync" mode), with what they cost.
 
         `spare`: over-provisioned requests (APRIL), or a function the scheduler calls for as many as
@@ -177,6 +178,8 @@ class RolloutScheduler:
 
         `max_tokens` (the step's token budget left) bounds the tokens sampled for this call; when it
         binds, fewer groups come back (partial, async: the others stay held; sync: see `complete`).
+        `run_tokens_left` (the run's, `budget.max_tokens`): async mode keeps what its thread samples
+        ahead for the next step, and this step's later stages, within what this call leaves of it.
         Every request passed is started, and counted in `metrics()["rollouts_started"]`: needed ones
         always, spares only while the over-provisioning target is not met.
         """

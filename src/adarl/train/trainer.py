@@ -109,6 +109,7 @@ class Trainer:
         self.last_groups: list[Group] = []
         self.last_advantages: dict[int, float] = {}
         self.last_rungs: dict[str, int] = {}  # prompt id -> the ladder rung its group reached this step
+        self.stalled = False  # the last step generated and trained nothing, within a run's token budget
 
     def prompt_ids(self, problem: Problem) -> list[int]:
         if problem.id not in self._prompt_cache:
@@ -118,7 +119,7 @@ class Trainer:
 
     def done(self) -> bool:
         return (self.recipe.budget.max_steps is not None and self.step >= self.recipe.budget.max_steps) \
-            or self.budget.exhausted()
+            or self.budget.exhausted() or self.stalled
 
     def progress(self) -> float:
         """The fraction of the run done, by whichever budget ends it first (for schedules)."""
@@ -144,6 +145,8 @@ class Trainer:
                 topped_up |= {pid for pid, n in counts.items() if n > 0}
             self.rollout_and_verify(counts, problems, groups, metrics, first_stage)
             counts, first_stage = self.allocator.more(list(groups.values()), self.store, self.budget), False
+        # what is left of max_tokens paid for no rollout: the next step would do the same, forever
+        self.stalled = self.budget.max_tokens is not None and not groups and not self.budget.step_tokens
         plain = [replace(g, rollouts=list(g.rollouts)) for g in groups.values()]  # what the selector judges by
         if self.hints is not None:
             hint_rung(self, groups, metrics)
@@ -204,7 +207,8 @@ class Trainer:
         t0 = time.perf_counter()
         tokens_left = self.budget.step_tokens_left()  # a hard cap: generation stops before passing it
         if first_stage:  # partial or async: may return groups of prompts admitted in earlier steps
-            result = self.rollouts.run(requests, lambda k: self._spares(k, requests), max_tokens=tokens_left)
+            result = self.rollouts.run(requests, lambda k: self._spares(k, requests), max_tokens=tokens_left,
+                                       run_tokens_left=self.budget.run_tokens_left())
         else:  # later allocator stages top up groups trained this step: generated to the end
             result = self.rollouts.complete(requests, max_tokens=tokens_left)
         metrics.add("generate_s", time.perf_counter() - t0)
