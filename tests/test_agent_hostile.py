@@ -46,6 +46,8 @@ HANG = threading.Event()  # what the hanging environments wait for: set when thi
 
 @pytest.fixture(autouse=True, scope="module")
 def release_hung_threads():
+    import adarl.rollout.hf  # noqa: F401  (`generate` imports it; the caps are not for a first import)
+
     yield
     HANG.set()
 
@@ -367,10 +369,248 @@ def test_a_huge_sql_result_through_the_agent(sql):
 
 
 # ---------------------------------------------------------------- C. non-finite rewards
+
+NON_FINITE = [float("nan"), float("inf"), -float("inf"), np.float64("nan"), np.float32("inf"), "nan", "-inf",
+              Decimal("NaN"), Decimal("Infinity")]
+
+
+def scored_env(reward: Any):
+    class Env(Calculator):
+        def get_reward(self) -> Any:
+            return reward
+    return Env
+
+
+def stepped_env(*rewards: Any):
+    """A gym-style environment whose steps give `rewards` in turn (the last one ends the episode)."""
+    class Env(Guess):
+        def reset(self, **row):
+            self.left = list(rewards)
+
+        def step(self, text):
+            reward = self.left.pop(0)
+            return "again", reward, not self.left, {}
+    return Env
+
+
+@pytest.mark.parametrize("reward", NON_FINITE, ids=repr)
+def test_a_non_finite_get_reward_censors_the_rollout(reward):
+    # cap: 2 s; was: env_reward NaN/inf on a "stop" rollout, scored (the group's advantages NaN)
+    r, m, _ = one_turn("No tools.", env=scored_env(reward))
+    assert r.finish_reason == "censored" and r.env_reward is None and m["agent/censored/non_finite_reward"] == 1
+
+
+@pytest.mark.parametrize("rewards", [(float("nan"),), (float("inf"),), (0.5, -float("inf")), (1e308, 1e308),
+                                     (-1e308, -1e308, 0.0), (np.float64("nan"), 1.0)], ids=repr)
+def test_a_non_finite_step_reward_or_sum_censors_the_rollout(rewards):
+    # cap: 2 s; (1e308, 1e308): each finite, their sum is not
+    ag, _, prompt = agent({0: ["I guess 1"] * 4}, env=stepped_env(*rewards), max_turns=4)
+    (r,) = bounded(lambda: run(ag, prompt), 2.0)
+    assert r.finish_reason == "censored" and ag.metrics()["agent/censored/non_finite_reward"] == 1
+    assert r.env_reward is None or math.isfinite(r.env_reward)
+
+
+@pytest.mark.parametrize("reward", [10**400, "lots", None, [1.0], object()],
+                         ids=["10**400", "text", "None", "list", "object"])
+def test_a_get_reward_that_is_no_number_censors_the_rollout(reward):
+    r, m, _ = one_turn("No tools.", env=scored_env(reward))
+    assert r.finish_reason == "censored" and m["agent/censored/error"] == 1
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_the_reward_table_refuses_a_non_finite_environment_reward(value):
+    """A rollout that reaches scoring with one (another generator's, an old checkpoint's) scores 0, counted."""
+    from adarl.config import RewardConfig
+    from adarl.rewards import Rewards
+    from adarl.types import Group, Problem
+
+    g = Group(Problem("p", "q"), [1], [Rollout("p", [5], [-1.0], "stop", env_reward=value),
+                                       Rollout("p", [5], [-1.0], "stop", env_reward=0.75)])
+    with Rewards([RewardConfig(type="environment")], workers=1) as rewards:
+        m = rewards.score([g])
+    assert g.rewards[:, 0].tolist() == [0.0, 0.75] and m["reward_errors"] == 1
+
+
+def nan_for_three():
+    """test_agent_partial's stateful Tally, whose get_reward is NaN for the row that totals 3 (key 0)."""
+    from test_agent_partial import Tally
+
+    class NanForThree(Tally):
+        def get_reward(self) -> float:
+            return float("nan") if self.total == 3 else float(self.total)
+    return NanForThree
+
+
+@pytest.mark.parametrize("mode", ["sync", "partial", "async"])
+def test_non_finite_rewards_are_censored_in_every_scheduler_mode(mode):
+    """Through the scheduler as the trainer runs it: the NaN row is left out of its group and counted;
+    the reward table holds only finite numbers."""
+    from adarl.config import RewardConfig, SchedulerConfig
+    from adarl.rewards import Rewards
+    from adarl.rollout.scheduler import RolloutScheduler
+    from adarl.types import Group, Problem, Request
+    from test_agent_partial import setup
+
+    ag, gen, prompt = setup(nan_for_three())
+    extra = {"partial": {"over_provision": 1.0}, "async": {"eta": 0, "over_provision": 1.0}}.get(mode, {})
+    sched = RolloutScheduler(ag, SchedulerConfig(mode=mode, **extra))
+    groups, censored = [], 0.0
+    try:
+        for _ in range(200):
+            result = sched.run([Request("p", prompt, 4)], max_tokens=400 if mode == "partial" else None)
+            groups += result.groups
+            censored += result.metrics.get("rollouts_censored", 0.0)
+            if groups:
+                break
+    finally:
+        sched.close()
+    (g,) = groups
+    assert len(g.rollouts) == 3 and censored == 1  # keys 1, 2, 3 stay; key 0's NaN is censored
+    group = Group(Problem("p", "Add."), prompt, g.rollouts)
+    with Rewards([RewardConfig(type="environment")], workers=1) as rewards:
+        m = rewards.score([group])
+    assert np.isfinite(group.rewards).all() and group.rewards[:, 0].tolist() == [5.0, 0.0, 12.0]
+    assert m["reward_errors"] == 0
+
+
 # ---------------------------------------------------------------- D. hangs
 
+def hanging(where: str):
+    """An environment that hangs (until this module ends) in `where`."""
+    class Env(Calculator):
+        def __init__(self):
+            if where == "init":
+                HANG.wait()
 
-def test_daemon_pool_placeholder():
-    pool = DaemonPool(1)
-    assert pool.submit(math.sqrt, 4.0, timeout_s=1.0).result() == 2.0
-    assert CallTimeout and np and Decimal and subprocess and sys and Path
+        def reset(self, **row):
+            if where == "reset":
+                HANG.wait()
+
+        def calculate(self, expression: str) -> str:
+            """Hangs if asked to."""
+            if where == "tool":
+                HANG.wait()
+            return "2"
+
+        def get_reward(self) -> float:
+            if where == "get_reward":
+                HANG.wait()
+            return 1.0
+
+        def close(self):
+            if where == "close":
+                HANG.wait()
+
+    class Gym(Guess):
+        def step(self, text):
+            HANG.wait()
+
+    return Gym if where == "step" else Env
+
+
+DEADLINE_S = 0.3  # the reset and tool deadlines of these cases
+CALC = '<tool_call>{"name": "calculate", "arguments": {"expression": "1+1"}}</tool_call>'
+
+
+@pytest.mark.parametrize("where, censored", [("init", True), ("reset", True), ("tool", True), ("step", True),
+                                             ("get_reward", True), ("close", False)])
+@pytest.mark.parametrize("rows", [1, 8])
+def test_a_hang_anywhere_in_the_environment_is_bounded_and_censors(where, censored, rows):
+    # cap: the deadline + 3 s for all rows together (they wait at once, not one after another);
+    # was: `generate` blocked for good ("close": it returns, nothing censored)
+    written = "I guess 3" if where == "step" else CALC
+    ag, _, prompt = agent({k: [written, "It is 2."] for k in range(rows)}, env=hanging(where),
+                          tool_timeout_s=DEADLINE_S, reset_timeout_s=DEADLINE_S, tool_workers=2)
+    out = bounded(lambda: run(ag, prompt, n=rows), DEADLINE_S + 3.0)
+    if censored:
+        assert [r.finish_reason for r in out] == ["censored"] * rows
+        assert ag.metrics()["agent/censored/timeout"] == rows and ag.metrics()["agent/censored"] == rows
+    else:
+        assert [r.finish_reason for r in out] == ["stop"] * rows
+
+
+def test_hung_calls_give_their_slots_back():
+    """One tool worker, and a tool that hangs on its first call: later calls still run, on fresh threads."""
+    calls = []
+
+    class FirstHangs(Calculator):
+        def calculate(self, expression: str) -> str:
+            """Hangs the first time."""
+            calls.append(expression)
+            if len(calls) == 1:
+                HANG.wait()
+            return "2"
+
+    ag, _, prompt = agent({0: [CALC, "x"]}, env=FirstHangs, tool_timeout_s=DEADLINE_S, tool_workers=1)
+    assert run(ag, prompt)[0].finish_reason == "censored"
+    for _ in range(3):
+        ag.generator.turn = {0: 0}
+        (r,) = bounded(lambda: run(ag, prompt), 2.0)
+        assert r.finish_reason == "stop" and r.spans[2].status == "ok"
+
+
+HUNG_SCRIPT = """
+import sys, threading
+sys.path.insert(0, sys.argv[1])
+from test_agent import agent, run
+from adarl.rollout.tools import Calculator
+
+class Hangs(Calculator):
+    def calculate(self, expression: str) -> str:
+        "Never answers."
+        threading.Event().wait()
+
+call = '<tool_call>{"name": "calculate", "arguments": {"expression": "1"}}</tool_call>'
+ag, _, prompt = agent({0: [call, "x"]}, env=Hangs, tool_timeout_s=0.2)
+print(run(ag, prompt)[0].finish_reason)
+"""
+
+
+def test_a_hung_tool_thread_does_not_keep_the_process_alive():
+    # cap: the process exits within 60 s (imports take a few); was: never (the pool joined its threads at exit)
+    import adarl
+
+    here = Path(__file__).parent
+    env = {"PYTHONPATH": str(Path(adarl.__file__).parents[1]), "HF_HUB_OFFLINE": "1", "OMP_WAIT_POLICY": "PASSIVE",
+           "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, "-c", HUNG_SCRIPT, str(here)], capture_output=True, text=True,
+                          timeout=60, env=env)
+    assert done.returncode == 0 and done.stdout.strip() == "censored", done.stderr[-2000:]
+
+
+# ---------------------------------------------------------------- the pool itself
+
+def test_the_pool_fails_a_call_at_its_deadline_and_counts_it():
+    pool = DaemonPool(1, "test")
+    hung = pool.submit(HANG.wait, timeout_s=0.2)
+    queued = pool.submit(math.sqrt, 9.0, timeout_s=5.0)  # waits for the slot the hung call gives back
+    with pytest.raises(CallTimeout):
+        bounded(lambda: hung.result(), 1.5)
+    assert bounded(lambda: queued.result(), 1.5) == 3.0 and pool.timeouts == 1
+
+
+def test_the_pool_fails_a_queued_call_at_its_deadline():
+    pool = DaemonPool(1, "test")
+    pool.submit(HANG.wait, timeout_s=30.0)  # holds the only slot
+    queued = pool.submit(math.sqrt, 4.0, timeout_s=0.2)
+    with pytest.raises(CallTimeout):
+        bounded(lambda: queued.result(), 1.5)
+
+
+@pytest.mark.parametrize("exc", [ValueError("v"), SystemExit(2), KeyboardInterrupt(), GeneratorExit()], ids=repr)
+def test_the_pool_hands_any_exception_to_the_caller(exc):
+    def raises():
+        raise exc
+
+    future = DaemonPool(2, "test").submit(raises, timeout_s=5.0)
+    assert type(bounded(lambda: future.exception(), 1.0)) is type(exc)
+
+
+def test_a_shut_down_pool_cancels_what_is_queued_and_takes_no_more():
+    pool = DaemonPool(1, "test")
+    pool.submit(HANG.wait, timeout_s=30.0)
+    queued = pool.submit(math.sqrt, 4.0, timeout_s=30.0)
+    pool.shutdown()
+    assert queued.cancelled()
+    with pytest.raises(RuntimeError, match="shut down"):
+        pool.submit(math.sqrt, 1.0, timeout_s=1.0)
