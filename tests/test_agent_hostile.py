@@ -529,6 +529,18 @@ def test_a_hang_anywhere_in_the_environment_is_bounded_and_censors(where, censor
         assert [r.finish_reason for r in out] == ["stop"] * rows
 
 
+def test_slow_resets_run_at_once_not_in_line():
+    """64 rows whose resets take 0.2 s each, one tool worker: all reset together, none censored (one after
+    another they would take 12.8 s, past the 1 s deadline, as OpenEnv's resets did)."""
+    class SlowReset(Calculator):
+        def reset(self, **row):
+            time.sleep(0.2)
+
+    ag, _, prompt = agent({k: ["It is 2."] for k in range(64)}, env=SlowReset, reset_timeout_s=1.0, tool_workers=1)
+    out = bounded(lambda: run(ag, prompt, n=64), 3.0)
+    assert [r.finish_reason for r in out] == ["stop"] * 64
+
+
 def test_hung_calls_give_their_slots_back():
     """One tool worker, and a tool that hangs on its first call: later calls still run, on fresh threads."""
     calls = []

@@ -291,6 +291,9 @@ class AgentGenerator:
     """A generator whose rollouts are tool-using trajectories (see the module docstring)."""
 
     LIVE_MAX = 4096  # environments of partial trajectories held for their continuation
+    # environments built and reset at once: a deadline counts time queued, so a step's resets must not
+    # wait in line behind the tool workers (an OpenEnv reset is mostly a wait on its server)
+    RESET_WORKERS = 64
 
     def __init__(self, generator: Any, env_factory: Callable[[], Any], problems: Mapping[str, Problem], *,
                  parser: str = "tool_call", max_turns: int = 4, max_tool_calls: int = 8, tool_timeout_s: float = 10.0,
@@ -307,6 +310,7 @@ class AgentGenerator:
         self.max_tool_output_tokens, self.max_context_tokens = max_tool_output_tokens, max_context_tokens
         self.tools_prompt, self.branching, self.purify = tools_prompt, branching, purify
         self.pool = DaemonPool(tool_workers, "adarl-tools")  # a hung tool neither holds a worker nor blocks exit
+        self.resets = DaemonPool(self.RESET_WORKERS, "adarl-resets")
         # a gym-style environment answers every model turn (`step`) instead of offering tools
         self.gym = callable(getattr(env_factory, "step", None))
         if not self.gym and stop not in generator.cfg.stop:
@@ -399,20 +403,21 @@ class AgentGenerator:
 
     def close(self) -> None:
         self.pool.shutdown()
+        self.resets.shutdown()
         self.generator.close()
 
     def _encode(self, text: str) -> list[int]:
         return list(self.generator.tokenizer.encode(text, add_special_tokens=False))
 
     def _start(self, started: list[tuple[_Trajectory, Problem]]) -> None:
-        """Build and reset the environments of these trajectories, all at once in the tool pool, each
-        within `reset_timeout_s`; one whose construction or reset raises or hangs censors its trajectory."""
+        """Build and reset the environments of these trajectories, all at once (RESET_WORKERS at a time),
+        each within `reset_timeout_s`; one whose construction or reset raises or hangs censors its trajectory."""
         def reset(problem: Problem) -> Any:
             env = self.env_factory()
             env.reset(**{**problem.columns, "prompt": problem.prompt, "answer": problem.answer})
             return env
 
-        futures = [self.pool.submit(reset, problem, timeout_s=self.reset_timeout_s) for _, problem in started]
+        futures = [self.resets.submit(reset, problem, timeout_s=self.reset_timeout_s) for _, problem in started]
         for (t, _), future in zip(started, futures, strict=True):
             t.env = self._outcome(t, future)
 
