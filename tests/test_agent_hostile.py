@@ -35,7 +35,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from adarl.rollout.agent import CHARS_PER_TOKEN, MAX_ARGUMENT_DEPTH, parse_python_block, parse_tool_call
+from adarl.rollout.agent import (
+    CHARS_PER_TOKEN,
+    MAX_ARGUMENT_DEPTH,
+    EnvironmentFailure,
+    parse_python_block,
+    parse_tool_call,
+)
 from adarl.rollout.daemon_pool import CallTimeout, DaemonPool
 from adarl.rollout.tools import MAX_RESULT_CHARS, Calculator, SqlDatabase
 from adarl.types import Rollout
@@ -539,6 +545,32 @@ def test_slow_resets_run_at_once_not_in_line():
     ag, _, prompt = agent({k: ["It is 2."] for k in range(64)}, env=SlowReset, reset_timeout_s=1.0, tool_workers=1)
     out = bounded(lambda: run(ag, prompt, n=64), 3.0)
     assert [r.finish_reason for r in out] == ["stop"] * 64
+
+
+@pytest.mark.parametrize("where", ["hangs", "raises", "exits"])
+def test_an_environment_that_cannot_be_built_to_describe_its_tools_is_named(where):
+    # cap: the deadline + 2 s; was: the trainer's prompt building blocked for good (or raised SystemExit)
+    class Unbuildable(Calculator):
+        def __init__(self):
+            if where == "hangs":
+                HANG.wait()
+            raise RuntimeError("no licence") if where == "raises" else SystemExit(1)
+
+    ag, _, _ = agent({0: ["x"]}, env=Unbuildable, reset_timeout_s=DEADLINE_S)
+    with pytest.raises(EnvironmentFailure, match="describing the environment's tools"):
+        bounded(lambda: ag.messages(ag.problems["p"]), DEADLINE_S + 2.0)
+
+
+def test_the_tools_are_described_from_one_environment():
+    built = []
+
+    class Counted(Calculator):
+        def __init__(self):
+            built.append(1)
+
+    ag, _, _ = agent({0: ["x"]}, env=Counted)
+    first, second = ag.messages(ag.problems["p"]), ag.messages(ag.problems["p"])
+    assert first == second and "calculate" in first[0]["content"] and len(built) == 1
 
 
 def test_hung_calls_give_their_slots_back():

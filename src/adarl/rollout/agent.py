@@ -197,9 +197,9 @@ def tool_schemas(env: Any) -> list[dict[str, Any]]:
     return out
 
 
-def with_tools(problem: Problem, env: Any) -> list[dict[str, str]]:
-    """The problem's chat with `env`'s tools described in its system message."""
-    text, msgs = tools_prompt(env), list(problem.messages)
+def with_tools(problem: Problem, text: str) -> list[dict[str, str]]:
+    """The problem's chat with `text` (`tools_prompt(env)`) added to its system message."""
+    msgs = list(problem.messages)
     if msgs and msgs[0]["role"] == "system":
         return [{"role": "system", "content": msgs[0]["content"] + "\n\n" + text}, *msgs[1:]]
     return [{"role": "system", "content": text}, *msgs]
@@ -319,6 +319,7 @@ class AgentGenerator:
         if hasattr(generator, "retain"):  # hf: a row's next turn pre-fills only the tool turn (rollout/hf.py)
             generator.retain(retain_bytes)
         self._metrics: dict[str, float] = {}
+        self._tools_text: str | None = None  # `tools_prompt` of the environment (`messages`)
         # (key, ids so far) of each partial trajectory returned -> (environment, env reward, turns, calls)
         self._live: dict[tuple[int, int], tuple[Any, float | None, int, int]] = {}
 
@@ -349,8 +350,17 @@ class AgentGenerator:
                    branching=None if cfg.branching is None else ArpoBranching(**cfg.branching.model_dump()))
 
     def messages(self, problem: Problem) -> list[dict[str, str]]:
-        """The problem's chat with the tools described in the system message (when `tools_prompt`)."""
-        return with_tools(problem, self.env_factory()) if self.tools_prompt and not self.gym else problem.messages
+        """The problem's chat with the tools described in the system message (when `tools_prompt`); the
+        description is made once, from an environment built within `reset_timeout_s`."""
+        if not self.tools_prompt or self.gym:
+            return problem.messages
+        if self._tools_text is None:
+            future = self.resets.submit(lambda: tools_prompt(self.env_factory()), timeout_s=self.reset_timeout_s)
+            if (error := future.exception()) is not None:
+                raise EnvironmentFailure(f"describing the environment's tools: building one failed ({error!r}); fix "
+                                         "its constructor, or raise rollout.agent.reset_timeout_s if it is slow")
+            self._tools_text = future.result()
+        return with_tools(problem, self._tools_text)
 
     def demonstration(self, problem: Problem) -> Rollout | None:
         """A solved trajectory for SFT: the environment's `demonstration` calls (run for real, so the
