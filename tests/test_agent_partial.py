@@ -257,7 +257,7 @@ def test_without_replay_the_resumed_trajectory_would_differ():
     group = _Group(0, Request("p", prompt, 4), [0, 1, 2, 3], [_empty("p") for _ in range(4)])
     advance(agent, group, 9, 40)
     agent2, _, _ = setup()
-    agent2._replay = lambda t, problem, turns: agent2._start(t, problem)  # a fresh environment, no replay
+    agent2._replay = lambda t, turns: None  # a fresh environment (reset), no replay
     advance(agent2, group, 9)
     assert [r.completion_ids for r in group.rollouts] != [r.completion_ids for r in straight()]
 

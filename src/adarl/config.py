@@ -255,7 +255,8 @@ class AgentConfig(Section):
     parser: Literal["tool_call", "python"] = "tool_call"  # how tool calls are written
     max_turns: int = Field(4, gt=0, le=256)  # model turns per trajectory
     max_tool_calls: int = Field(8, gt=0, le=4096)
-    tool_timeout_s: float = Field(10.0, gt=0, le=MAX_SECONDS)  # past it the environment failed: censored
+    tool_timeout_s: float = Field(10.0, gt=0, le=MAX_SECONDS)  # a tool call, step or get_reward: censored past it
+    reset_timeout_s: float = Field(60.0, gt=0, le=MAX_SECONDS)  # building + resetting an environment: censored past it
     max_tool_output_tokens: int = Field(256, gt=0, le=1_000_000)  # longer results are truncated, marked
     max_context_tokens: int | None = Field(None, gt=0, le=1_000_000)  # after the prompt; None: 4 × max_new_tokens
     tool_workers: int = Field(4, gt=0, le=256)

@@ -196,7 +196,10 @@ class Rewards:
                     continue
                 try:
                     if config.type == "environment":  # what the agent's environment gave the trajectory
-                        raw[i, j] = float(rollout.env_reward or 0.0)
+                        value = float(rollout.env_reward or 0.0)
+                        if not _math.isfinite(value):  # (the agent loop censors these: another generator's)
+                            raise ValueError(f"non-finite environment reward {value}")
+                        raw[i, j] = value
                         continue
                     raw[i, j] = self._local(config, group, text)
                 except Exception as exc:  # noqa: BLE001 - a scorer bug scores 0, never stops training

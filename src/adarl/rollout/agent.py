@@ -22,15 +22,22 @@ instance per rollout, reset with the problem's row (prompt, answer and its colum
 environments are in tools.py (`calculator`).
 
 Failures are of two kinds. The model's own mistakes (a malformed call, an unknown tool, bad
-arguments, a tool raising an error) become a tool message the model reads, and are counted. The
-environment's failures (`reset` raising, a tool raising `EnvironmentFailure`, a tool running past
-`tool_timeout_s`) censor the rollout: finish reason "censored", never scored (the trainer drops it
-from its group and counts it). Limits: `max_turns` model turns, `max_tool_calls`, tool output
-truncated to `max_tool_output_tokens` with a visible marker, and `max_context_tokens` tokens after
+arguments, a tool raising an error) become a tool message the model reads, and are counted
+(`agent/errors/<kind>`). A call is malformed too when it nests deeper than MAX_ARGUMENT_DEPTH or
+escapes half a surrogate pair; the parsers scan the text once. The environment's failures censor the
+rollout: finish reason "censored", never scored (the trainer drops it from its group and counts it),
+counted by cause in `agent/censored/<why>`: "error" (construction, `reset`, `step` or `get_reward`
+raising anything, a tool raising `EnvironmentFailure` or an error that cannot be shown), "timeout"
+(construction and `reset` past `reset_timeout_s`, a tool call, `step` or `get_reward` past
+`tool_timeout_s`) and "non_finite_reward" (a NaN or infinite reward). Every call into the environment
+runs in a pool of daemon threads (rollout/daemon_pool.py) that fails it at its deadline, so a hang
+neither blocks `generate` nor keeps the process from exiting. Limits: `max_turns` model turns,
+`max_tool_calls`, tool output truncated to `max_tool_output_tokens` with a visible marker (cut to
+CHARS_PER_TOKEN characters a token before it is tokenised), and `max_context_tokens` tokens after
 the prompt (sampled and inserted).
 
 Rows run in waves. A row whose turn ended with tool calls leaves the decoding batch while its
-calls run in a thread pool (all calls of a turn at once, each bounded by `tool_timeout_s`), and
+calls run in the pool (all calls of a turn at once, each bounded by `tool_timeout_s`), and
 rejoins at the next wave after its results are back; the other rows go on decoding meanwhile, so
 one slow tool stalls only its own row. The generator waits for tools only when no row can decode.
 Sampling is keyed per row and position (rollout/hf.py), so a trajectory's tokens do not depend on
@@ -58,20 +65,23 @@ import contextlib
 import copy
 import inspect
 import json
+import math
 import re
-import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import FIRST_COMPLETED, CancelledError, Future, wait
 from dataclasses import dataclass, field, replace
 from typing import Any, get_type_hints
 
 import numpy as np
 
 from adarl.rollout.arpo import ArpoBranching, segment_entropy
+from adarl.rollout.daemon_pool import CallTimeout, DaemonPool
 from adarl.types import FinishReason, Problem, Request, Rollout, Span, sampled_tokens, shared_span_owners
 
 TRUNCATED = " ...[truncated]"
+# a tool's output is cut to this many characters per token of `max_tool_output_tokens` before it is
+# tokenised: more than any common tokenizer's tokens average, so the token cut is the one that binds
+CHARS_PER_TOKEN = 8
 PREVIEW = 80  # characters of a malformed call shown back to the model
 
 
@@ -91,32 +101,65 @@ class MalformedCall(ValueError):
 
 # ---------------------------------------------------------------- parsers
 
-_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
-_CODE = re.compile(r"```python\n(.*?)```", re.S)
+MAX_ARGUMENT_DEPTH = 32  # nesting of a call's JSON (its object is level 1); deeper is a malformed call
+_SURROGATE = re.compile("[\ud800-\udfff]")  # JSON's \uXXXX escape can write half a surrogate pair
+
+
+def _blocks(text: str, start: str, end: str) -> tuple[list[str], bool]:
+    """The bodies between `start` and the next `end`, scanned once (a regex's lazy match rescans the
+    rest of the text at every unclosed start); and whether a last `start` was left unclosed."""
+    bodies, at = [], 0
+    while (i := text.find(start, at)) >= 0:
+        j = text.find(end, i + len(start))
+        if j < 0:
+            return bodies, True
+        bodies.append(text[i + len(start):j])
+        at = j + len(end)
+    return bodies, False
+
+
+def _check_json(value: Any) -> None:
+    """MalformedCall if `value` nests deeper than MAX_ARGUMENT_DEPTH or holds a lone surrogate (no
+    tool or tokenizer can take it). Iterative: a deep value cannot exhaust the stack here."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            if depth > MAX_ARGUMENT_DEPTH:
+                raise MalformedCall(f"nested deeper than {MAX_ARGUMENT_DEPTH} levels")
+            stack += [(v, depth + 1) for v in (item.values() if isinstance(item, dict) else item)]
+            if isinstance(item, dict):
+                stack += [(k, depth) for k in item]
+        elif isinstance(item, str) and not item.isascii() and _SURROGATE.search(item):
+            raise MalformedCall("a \\uXXXX escape writes half a surrogate pair, which is not a character")
 
 
 def parse_tool_call(text: str) -> list[ToolCall]:
     """`<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks (Hermes/Qwen form)."""
     calls = []
-    for body in _CALL.findall(text):
+    bodies, unclosed = _blocks(text, "<tool_call>", "</tool_call>")
+    for body in bodies:
         try:
             data = json.loads(body)
-        except json.JSONDecodeError as err:
-            raise MalformedCall(f"not JSON ({err.msg})") from None
+        except ValueError as err:  # (a JSONDecodeError, or an integer of more digits than Python reads)
+            raise MalformedCall(f"not JSON ({getattr(err, 'msg', err)})") from None
+        except RecursionError:  # (the decoder recurses once per level)
+            raise MalformedCall(f"nested deeper than {MAX_ARGUMENT_DEPTH} levels") from None
+        _check_json(data)
         if not isinstance(data, dict) or not isinstance(data.get("name"), str):
             raise MalformedCall('expected {"name": "...", "arguments": {...}}')
         args = data.get("arguments", {})
         if not isinstance(args, dict):
             raise MalformedCall("arguments must be a JSON object")
         calls.append(ToolCall(data["name"], args))
-    if not calls and "<tool_call>" in text:
+    if not calls and unclosed:
         raise MalformedCall("<tool_call> without a closing </tool_call>")
     return calls
 
 
 def parse_python_block(text: str) -> list[ToolCall]:
     """A fenced python code block is a call of the `python` tool with that code."""
-    return [ToolCall("python", {"code": code}) for code in _CODE.findall(text)]
+    return [ToolCall("python", {"code": code}) for code in _blocks(text, "```python\n", "```")[0]]
 
 
 # name -> (parse, the stop string that ends a turn holding a call)
@@ -154,9 +197,9 @@ def tool_schemas(env: Any) -> list[dict[str, Any]]:
     return out
 
 
-def with_tools(problem: Problem, env: Any) -> list[dict[str, str]]:
-    """The problem's chat with `env`'s tools described in its system message."""
-    text, msgs = tools_prompt(env), list(problem.messages)
+def with_tools(problem: Problem, text: str) -> list[dict[str, str]]:
+    """The problem's chat with `text` (`tools_prompt(env)`) added to its system message."""
+    msgs = list(problem.messages)
     if msgs and msgs[0]["role"] == "system":
         return [{"role": "system", "content": msgs[0]["content"] + "\n\n" + text}, *msgs[1:]]
     return [{"role": "system", "content": text}, *msgs]
@@ -188,6 +231,7 @@ class _Trajectory:
     streak: int = 0  # tool steps in a row at which this chain branched
     start: int = 0  # spans of the trajectory before this call (a continued partial one): not returned
     turn_ids: list[int] = field(default_factory=list)  # the model's current turn so far
+    censored_by: str | None = None  # why the environment failed (`_censor`)
 
     @property
     def ids(self) -> list[int]:
@@ -247,21 +291,26 @@ class AgentGenerator:
     """A generator whose rollouts are tool-using trajectories (see the module docstring)."""
 
     LIVE_MAX = 4096  # environments of partial trajectories held for their continuation
+    # environments built and reset at once: a deadline counts time queued, so a step's resets must not
+    # wait in line behind the tool workers (an OpenEnv reset is mostly a wait on its server)
+    RESET_WORKERS = 64
 
     def __init__(self, generator: Any, env_factory: Callable[[], Any], problems: Mapping[str, Problem], *,
                  parser: str = "tool_call", max_turns: int = 4, max_tool_calls: int = 8, tool_timeout_s: float = 10.0,
                  max_tool_output_tokens: int = 256, max_context_tokens: int = 1024, tool_workers: int = 4,
                  tools_prompt: bool = True, branching: ArpoBranching | None = None, purify: bool = False,
-                 retain_bytes: int = 512 << 20) -> None:
+                 retain_bytes: int = 512 << 20, reset_timeout_s: float = 60.0) -> None:
         if parser not in PARSERS:
             raise ValueError(f"unknown tool-call parser {parser!r}; parsers: {', '.join(PARSERS)}")
         self._options = {k: v for k, v in locals().items() if k not in ("self", "generator", "env_factory", "problems")}
         self.generator, self.env_factory, self.problems = generator, env_factory, problems
         self.parse, stop = PARSERS[parser]
         self.max_turns, self.max_tool_calls, self.tool_timeout_s = max_turns, max_tool_calls, tool_timeout_s
+        self.reset_timeout_s = reset_timeout_s
         self.max_tool_output_tokens, self.max_context_tokens = max_tool_output_tokens, max_context_tokens
         self.tools_prompt, self.branching, self.purify = tools_prompt, branching, purify
-        self.pool = ThreadPoolExecutor(max_workers=tool_workers, thread_name_prefix="adarl-tools")
+        self.pool = DaemonPool(tool_workers, "adarl-tools")  # a hung tool neither holds a worker nor blocks exit
+        self.resets = DaemonPool(self.RESET_WORKERS, "adarl-resets")
         # a gym-style environment answers every model turn (`step`) instead of offering tools
         self.gym = callable(getattr(env_factory, "step", None))
         if not self.gym and stop not in generator.cfg.stop:
@@ -270,6 +319,7 @@ class AgentGenerator:
         if hasattr(generator, "retain"):  # hf: a row's next turn pre-fills only the tool turn (rollout/hf.py)
             generator.retain(retain_bytes)
         self._metrics: dict[str, float] = {}
+        self._tools_text: str | None = None  # `tools_prompt` of the environment (`messages`)
         # (key, ids so far) of each partial trajectory returned -> (environment, env reward, turns, calls)
         self._live: dict[tuple[int, int], tuple[Any, float | None, int, int]] = {}
 
@@ -293,25 +343,37 @@ class AgentGenerator:
         env = OpenEnvSession.configured(cfg.openenv) if cfg.openenv is not None else environment_class(cfg.environment)
         return cls(generator, env, problems, parser=cfg.parser,
                    max_turns=cfg.max_turns, max_tool_calls=cfg.max_tool_calls, tool_timeout_s=cfg.tool_timeout_s,
+                   reset_timeout_s=cfg.reset_timeout_s,
                    max_tool_output_tokens=cfg.max_tool_output_tokens,
                    max_context_tokens=cfg.max_context_tokens or 4 * max_new_tokens, tool_workers=cfg.tool_workers,
                    tools_prompt=cfg.tools_prompt, purify=cfg.purify,
                    branching=None if cfg.branching is None else ArpoBranching(**cfg.branching.model_dump()))
 
     def messages(self, problem: Problem) -> list[dict[str, str]]:
-        """The problem's chat with the tools described in the system message (when `tools_prompt`)."""
-        return with_tools(problem, self.env_factory()) if self.tools_prompt and not self.gym else problem.messages
+        """The problem's chat with the tools described in the system message (when `tools_prompt`); the
+        description is made once, from an environment built within `reset_timeout_s`."""
+        if not self.tools_prompt or self.gym:
+            return problem.messages
+        if self._tools_text is None:
+            future = self.resets.submit(lambda: tools_prompt(self.env_factory()), timeout_s=self.reset_timeout_s)
+            if (error := future.exception()) is not None:
+                raise EnvironmentFailure(f"describing the environment's tools: building one failed ({error!r}); fix "
+                                         "its constructor, or raise rollout.agent.reset_timeout_s if it is slow")
+            self._tools_text = future.result()
+        return with_tools(problem, self._tools_text)
 
     def demonstration(self, problem: Problem) -> Rollout | None:
         """A solved trajectory for SFT: the environment's `demonstration` calls (run for real, so the
         tool turns are what the loop would insert), then the answer; None when it has none."""
-        env = self.env_factory()
+        t = _Trajectory(0, 0)
+        self._start([(t, problem)])
+        if t.finish is not None:
+            raise EnvironmentFailure(f"problem {problem.id!r}: the environment's reset failed ({t.censored_by}); "
+                                     "fix the environment, or raise rollout.agent.reset_timeout_s if it is slow")
         row = {**problem.columns, "prompt": problem.prompt, "answer": problem.answer}
-        env.reset(**row)
-        calls = getattr(env, "demonstration", lambda **_: None)(**row)
+        calls = getattr(t.env, "demonstration", lambda **_: None)(**row)
         if not calls or problem.answer is None:
             return None
-        t = _Trajectory(0, 0, env)
         written = "".join(f'<tool_call>{json.dumps({"name": c.name, "arguments": c.arguments})}</tool_call>'
                           for c in calls)
         ids = self._encode(written)
@@ -350,18 +412,39 @@ class AgentGenerator:
         return dict(self._metrics)
 
     def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.pool.shutdown()
+        self.resets.shutdown()
         self.generator.close()
 
     def _encode(self, text: str) -> list[int]:
         return list(self.generator.tokenizer.encode(text, add_special_tokens=False))
 
-    def _start(self, t: _Trajectory, problem: Problem) -> None:
-        try:
-            t.env = self.env_factory()
-            t.env.reset(**{**problem.columns, "prompt": problem.prompt, "answer": problem.answer})
-        except Exception:  # the environment failed, not the model
-            t.finish = "censored"
+    def _start(self, started: list[tuple[_Trajectory, Problem]]) -> None:
+        """Build and reset the environments of these trajectories, all at once (RESET_WORKERS at a time),
+        each within `reset_timeout_s`; one whose construction or reset raises or hangs censors its trajectory."""
+        def reset(problem: Problem) -> Any:
+            env = self.env_factory()
+            env.reset(**{**problem.columns, "prompt": problem.prompt, "answer": problem.answer})
+            return env
+
+        futures = [self.resets.submit(reset, problem, timeout_s=self.reset_timeout_s) for _, problem in started]
+        for (t, _), future in zip(started, futures, strict=True):
+            t.env = self._outcome(t, future)
+
+    def _outcome(self, t: _Trajectory, future: Future) -> Any:
+        """What a call into the environment returned, once done (the pool's deadline bounds the wait).
+        If it raised anything (the environment failed, not the model), was cancelled or passed its
+        deadline, the trajectory is censored (`agent/censored/error` or `/timeout`) and this is None."""
+        error = CancelledError() if future.cancelled() else future.exception()
+        if error is None:
+            return future.result()
+        self._censor(t, "timeout" if isinstance(error, CallTimeout) else "error")
+        return None
+
+    @staticmethod
+    def _censor(t: _Trajectory, why: str) -> None:
+        """The environment failed (`why`: timeout, error, non_finite_reward, replay_mismatch): never scored."""
+        t.finish, t.censored_by = "censored", why
 
     def _run_call(self, env: Any, call: ToolCall) -> tuple[str, str]:
         """(result text, status) of one call: ok, or the kind of error the model made."""
@@ -392,27 +475,20 @@ class AgentGenerator:
             if t.calls > self.max_tool_calls:
                 out.append(("too_many_calls", f"error: more than {self.max_tool_calls} tool calls"))
             else:
-                out.append((call.name, self.pool.submit(self._run_call, t.env, call)))
+                out.append((call.name, self.pool.submit(self._run_call, t.env, call, timeout_s=self.tool_timeout_s)))
         return out
 
-    def _deadline(self, deadline: float | None) -> float:
-        """When a tool call started now must have answered (`time.monotonic()`), unless `deadline` is given."""
-        return time.monotonic() + self.tool_timeout_s if deadline is None else deadline
-
-    def _append_results(self, t: _Trajectory, results: list[tuple[str, Any]], deadline: float | None = None) -> None:
-        """Wait for a turn's tool results (until `deadline`, a `time.monotonic()`; default `tool_timeout_s`
-        from now) and append them as template and tool spans."""
+    def _append_results(self, t: _Trajectory, results: list[tuple[str, Any]]) -> None:
+        """Wait for a turn's tool results (each within `tool_timeout_s`) and append them as template and
+        tool spans; a call that failed as an environment (or timed out) censors the trajectory instead."""
         texts, failed = [], False
-        deadline = self._deadline(deadline)
         for name, item in results:
             if isinstance(item, str):  # an error found before running anything
                 status, result = name, item
+            elif (outcome := self._outcome(t, item)) is None:
+                return
             else:
-                try:
-                    result, status = item.result(timeout=max(deadline - time.monotonic(), 0.0))
-                except (FutureTimeout, EnvironmentFailure):
-                    t.finish = "censored"  # the environment failed: never scored
-                    return
+                result, status = outcome
             if status != "ok":
                 t.errors[status] = t.errors.get(status, 0) + 1
                 failed = True
@@ -420,10 +496,15 @@ class AgentGenerator:
         self._insert_turn(t, "\n".join(texts), ",".join(n for n, _ in results), failed)
 
     def _insert_turn(self, t: _Trajectory, text: str, name: str, failed: bool) -> None:
-        """Append a tool's (or a gym environment's) answer as template, tool and template spans."""
-        ids = self._encode(text)
-        if len(ids) > self.max_tool_output_tokens:
-            ids = ids[: self.max_tool_output_tokens] + self._encode(TRUNCATED)
+        """Append a tool's (or a gym environment's) answer as template, tool and template spans.
+
+        The text is cut to CHARS_PER_TOKEN characters a token before it is tokenised (a 20 MB result
+        takes seconds and gigabytes to tokenise whole), then to `max_tool_output_tokens` tokens; either
+        cut is marked. A lone surrogate (no tokenizer encodes one) becomes "?"."""
+        limit = self.max_tool_output_tokens
+        ids = self._encode(text[: limit * CHARS_PER_TOKEN].encode("utf-8", "replace").decode("utf-8"))
+        if len(ids) > limit or len(text) > limit * CHARS_PER_TOKEN:
+            ids = ids[:limit] + self._encode(TRUNCATED)
         t.turn_ids = []
         tok, before = self.generator.tokenizer, self.before_tool
         eos = tok.eos_token
@@ -454,7 +535,7 @@ class AgentGenerator:
         else:
             keys, row_request = row_keys(requests, keys, greedy, self.generator.new_keys)
         self._replay_stats = {"replayed": 0, "replay_mismatches": 0}
-        rows = [self._row(requests[i], i, int(k)) for i, k in zip(row_request, keys, strict=True)]
+        rows = self._rows(requests, row_request, keys)
         left = max_tokens
         version = self.generator.policy_version
         view = Progress([t.finish is not None for t in rows], list(row_request))  # what `stop_when` sees
@@ -512,14 +593,13 @@ class AgentGenerator:
                 elif out.finish_reason != "stop":  # the context is full
                     t.finish = out.finish_reason
                 elif self.gym:
-                    waiting[id(t)] = (t, [("environment", self.pool.submit(t.env.step, t.last_text))],
-                                      self._deadline(None))
+                    waiting[id(t)] = (t, [("environment", self._step(t.env, t.last_text))])
                 elif not (results := self._tool_turn(t, t.last_text)):
                     t.finish = "stop"
                 elif t.turns >= self.max_turns:
                     t.finish = "max_turns"
                 else:
-                    waiting[id(t)] = (t, results, self._deadline(None))
+                    waiting[id(t)] = (t, results)
         if b is not None:  # slots the budget left empty: partial rows (never scored)
             for i, r in enumerate(requests):
                 rows += [_Trajectory(i, 0, finish="partial") for _ in range(r.n - sum(t.request == i for t in rows))]
@@ -530,18 +610,14 @@ class AgentGenerator:
             if self.purify and t.start == 0 and t.finish != "censored":  # CLEANER: train the corrected step
                 t.spans, dropped = purify(t.spans)
                 purified += dropped
-            get_reward = getattr(t.env, "get_reward", None)
-            if t.finish not in ("censored", "partial") and callable(get_reward):  # TRL's optional environment reward
-                try:
-                    t.env_reward = float(get_reward())
-                except Exception:  # the environment failed, not the model
-                    t.finish = "censored"
+        self._env_rewards(rows)
+        for t in rows:
             if t.finish == "partial" and t.env is not None:  # held for its continuation
                 self._live[(t.key, len(t.ids))] = (t.env, t.env_reward, t.turns, t.calls)
                 while len(self._live) > self.LIVE_MAX:
-                    close_env(self._live.pop(next(iter(self._live)))[0])
+                    self._close(self._live.pop(next(iter(self._live)))[0])
             elif t.env is not None:  # (no two rows share an environment: a branch works on a copy)
-                close_env(t.env)
+                self._close(t.env)
         if hasattr(self.generator, "drop_retained"):  # a continued trajectory pre-fills anew (weights change)
             self.generator.drop_retained()
         self._measure(rows)
@@ -550,63 +626,66 @@ class AgentGenerator:
         return [Rollout(requests[t.request].prompt_id, finish_reason=t.finish, spans=t.spans[t.start:],
                         text=t.last_text, policy_version=version, env_reward=t.env_reward) for t in rows]
 
-    def _collect(self, waiting: dict[int, tuple[_Trajectory, list[tuple[str, Any]], float]], context: int,
+    def _collect(self, waiting: dict[int, tuple[_Trajectory, list[tuple[str, Any]]]], context: int,
                  until: str) -> list[_Trajectory]:
         """Append the tool turns whose results are back (or past their deadline: censored) and return
-        their rows. `until`: "ready" takes those done now, "one" waits for at least one, "all" for all."""
+        their rows. `until`: "ready" takes those done now, "one" waits for at least one, "all" for all.
+        Every call is done by its deadline (the pool fails it then), so no wait here is unbounded."""
         stepped: list[_Trajectory] = []
         while waiting:
-            now = time.monotonic()
-            ready = [k for k, (_, results, deadline) in waiting.items()
-                     if now >= deadline or all(isinstance(f, str) or f.done() for _, f in results)]
+            ready = [k for k, (_, results) in waiting.items()
+                     if all(isinstance(f, str) or f.done() for _, f in results)]
             if not ready:
                 if until == "ready" or (until == "one" and stepped):
                     break
-                running = [f for _, results, _ in waiting.values() for _, f in results if not isinstance(f, str)]
-                wait(running, timeout=max(min(d for *_, d in waiting.values()) - now, 0.0),
-                     return_when=FIRST_COMPLETED)
+                running = [f for _, results in waiting.values() for _, f in results if not isinstance(f, str)]
+                wait(running, return_when=FIRST_COMPLETED)
                 continue
             for k in ready:
-                t, results, deadline = waiting.pop(k)
+                t, results = waiting.pop(k)
                 if self.gym:
-                    self._gym_turn(t, results[0][1], deadline)
+                    self._gym_turn(t, results[0][1])
                     if t.finish is None and t.turns >= self.max_turns:
                         t.finish = "max_turns"
                 else:
-                    self._append_results(t, results, deadline)
+                    self._append_results(t, results)
                 if t.finish is None and len(t.ids) >= context:
                     t.finish = "length"
                 stepped.append(t)
         return stepped
 
-    def _row(self, request: Request, index: int, key: int) -> _Trajectory:
-        """The trajectory of one row: fresh, or the partial one in `request.prefix_spans` continued with
-        the environment held for it (or, when none is held, one its recorded tool calls are replayed into)."""
-        t = _Trajectory(index, key)
-        problem = self.problems[request.prompt_id]
-        prefix = request.prefix_spans
-        if prefix is None and request.prefix_ids:  # a plain partial completion: one model turn
-            prefix = [Span("model", list(request.prefix_ids))]
-        if not prefix:
-            self._start(t, problem)
-            return t
-        t.spans, t.start = list(prefix), len(prefix)
-        turns = turns_of(t.spans)
-        if turns and not turns[-1][1]:  # the last turn is unfinished: it goes on
-            t.turn_ids = list(turns[-1][0])
-            t.last_text = self.generator.tokenizer.decode(t.turn_ids, skip_special_tokens=True)
-        held = self._live.pop((key, len(t.ids)), None)
-        if held is not None:
-            t.env, t.env_reward, t.turns, t.calls = held
-            return t
-        self._replay(t, problem, turns)
-        return t
+    def _rows(self, requests: list[Request], row_request: Sequence[int], keys: Sequence[int]) -> list[_Trajectory]:
+        """The trajectory of each row: fresh, or the partial one in its request's `prefix_spans` continued
+        with the environment held for it (or, when none is held, one its recorded tool calls are replayed
+        into). The environments to build are reset all at once (`_start`)."""
+        rows, replays = [], []
+        for i, key in zip(row_request, keys, strict=True):
+            t = _Trajectory(i, int(key))
+            rows.append(t)
+            prefix = requests[i].prefix_spans
+            if prefix is None and requests[i].prefix_ids:  # a plain partial completion: one model turn
+                prefix = [Span("model", list(requests[i].prefix_ids))]
+            if not prefix:
+                continue
+            t.spans, t.start = list(prefix), len(prefix)
+            turns = turns_of(t.spans)
+            if turns and not turns[-1][1]:  # the last turn is unfinished: it goes on
+                t.turn_ids = list(turns[-1][0])
+                t.last_text = self.generator.tokenizer.decode(t.turn_ids, skip_special_tokens=True)
+            held = self._live.pop((t.key, len(t.ids)), None)
+            if held is not None:
+                t.env, t.env_reward, t.turns, t.calls = held
+            else:
+                replays.append((t, turns))
+        self._start([(t, self.problems[requests[t.request].prompt_id]) for t in rows if t.env is None])
+        for t, turns in replays:
+            self._replay(t, turns)
+        return rows
 
-    def _replay(self, t: _Trajectory, problem: Problem, turns: list[tuple[list[int], list[Span]]]) -> None:
-        """Rebuild a partial trajectory's environment: reset a fresh one and run its recorded turns' tool
+    def _replay(self, t: _Trajectory, turns: list[tuple[list[int], list[Span]]]) -> None:
+        """Rebuild a partial trajectory's environment (a fresh one, reset): run its recorded turns' tool
         calls (a gym environment: its steps) in order. A result that differs from the recorded one (a
         tool that is not deterministic) censors the trajectory."""
-        self._start(t, problem)
         self._replay_stats["replayed"] += 1
         for ids, inserted in turns:
             t.turns += 1
@@ -615,13 +694,13 @@ class AgentGenerator:
             text = self.generator.tokenizer.decode(ids, skip_special_tokens=True)
             probe = replace(t, spans=[Span("model", ids)], errors={})
             if self.gym:
-                self._gym_turn(probe, self.pool.submit(t.env.step, text))
+                self._gym_turn(probe, self._step(t.env, text))
             else:
                 self._append_results(probe, self._tool_turn(probe, text))
             t.calls, t.env_reward = probe.calls, probe.env_reward
             recorded = [s.ids for s in inserted if s.role == "tool"]
             if probe.finish is not None or recorded != [s.ids for s in probe.spans if s.role == "tool"]:
-                t.finish = "censored"
+                self._censor(t, probe.censored_by or "replay_mismatch")
                 self._replay_stats["replay_mismatches"] += 1
 
     def _grow(self, b: ArpoBranching, requests: list[Request], rows: list[_Trajectory], stepped: list[_Trajectory],
@@ -635,7 +714,7 @@ class AgentGenerator:
         def start(i: int) -> None:
             (key,) = self.generator.new_keys([replace(requests[i], n=1)])
             t = _Trajectory(i, int(key))
-            self._start(t, self.problems[requests[i].prompt_id])
+            self._start([(t, self.problems[requests[i].prompt_id])])
             new.append(t)
             free[i] -= 1
 
@@ -671,31 +750,61 @@ class AgentGenerator:
                 self._branch_stats["fresh_chains"] += 1
         return new
 
-    def _gym_turn(self, t: _Trajectory, step: Any, deadline: float | None = None) -> None:
-        """A gym-style environment's answer to the model's turn (`step` is the future of `env.step(text)`):
-        its reward adds to `env_reward`, `done` ends the trajectory ("env_done"), else its observation is
-        inserted. Any exception or a step past `tool_timeout_s` censors the rollout (the environment failed:
-        the model's text cannot be wrong here, only scored). Applied here, in the calling thread."""
-        try:
-            wait_s = max(self._deadline(deadline) - time.monotonic(), 0.0)
-            observation, reward, done, _info = step.result(timeout=wait_s)
-            reward = float(reward)
-        except Exception:
-            t.finish = "censored"
+    def _step(self, env: Any, text: str) -> Future:
+        """The future of a gym-style environment's `step(text)`, as (observation text, reward, done): all
+        of it, the observation's `str` too, runs in the tool pool within `tool_timeout_s`."""
+        def step() -> tuple[str, float, bool]:
+            observation, reward, done, _info = env.step(text)
+            if isinstance(observation, list):  # messages
+                observation = "\n".join(str(m.get("content", "")) for m in observation)
+            return str(observation or ""), float(reward), bool(done)
+
+        return self.pool.submit(step, timeout_s=self.tool_timeout_s)
+
+    def _gym_turn(self, t: _Trajectory, step: Future) -> None:
+        """A gym-style environment's answer to the model's turn (`step`: from `_step`): its reward adds to
+        `env_reward`, `done` ends the trajectory ("env_done"), else its observation is inserted. Any
+        exception, a step past `tool_timeout_s` or a sum of rewards that is not finite censors the rollout
+        (the environment failed: the model's text cannot be wrong here, only scored)."""
+        if (outcome := self._outcome(t, step)) is None:
             return
-        t.env_reward = (t.env_reward or 0.0) + reward
+        observation, reward, done = outcome
+        if not math.isfinite(reward := (t.env_reward or 0.0) + reward):
+            self._censor(t, "non_finite_reward")
+            return
+        t.env_reward = reward
         if done:
             t.finish = "env_done"
             return
-        if isinstance(observation, list):  # messages
-            observation = "\n".join(str(m.get("content", "")) for m in observation)
-        self._insert_turn(t, str(observation or ""), "environment", False)
+        self._insert_turn(t, observation, "environment", False)
+
+    def _env_rewards(self, rows: list[_Trajectory]) -> None:
+        """TRL's optional `get_reward()` of each finished trajectory's environment, all at once in the tool
+        pool, each within `tool_timeout_s`; one that raises, hangs or is not finite censors its rollout."""
+        scored = [t for t in rows
+                  if t.finish not in ("censored", "partial") and callable(getattr(t.env, "get_reward", None))]
+        futures = [self.pool.submit(lambda env: float(env.get_reward()), t.env, timeout_s=self.tool_timeout_s)
+                   for t in scored]
+        for t, future in zip(scored, futures, strict=True):
+            if (reward := self._outcome(t, future)) is None:
+                continue
+            if math.isfinite(reward):
+                t.env_reward = reward
+            else:
+                self._censor(t, "non_finite_reward")
+
+    def _close(self, env: Any) -> None:
+        """Close an environment in the tool pool (a `close` that hangs is abandoned at `tool_timeout_s`)."""
+        if callable(getattr(env, "close", None)):
+            self.pool.submit(close_env, env, timeout_s=self.tool_timeout_s)
 
     def _measure(self, rows: list[_Trajectory]) -> None:
         m: dict[str, float] = {
             "agent/turns_mean": sum(t.turns for t in rows) / max(len(rows), 1),
             "agent/tool_calls": float(sum(t.calls for t in rows)),
             "agent/censored": float(sum(t.finish == "censored" for t in rows)),
+            **{f"agent/censored/{why}": float(sum(t.censored_by == why for t in rows))
+               for why in ("error", "timeout", "non_finite_reward")},
             "agent/max_turns_reached": float(sum(t.finish == "max_turns" for t in rows)),
             "agent/inserted_tokens": float(sum(len(s) for t in rows for s in t.spans[t.start:] if not s.sampled)),
             "agent/sampled_tokens": float(sum(len(s) for t in rows for s in t.spans[t.start:] if s.sampled)),

@@ -73,7 +73,8 @@ class KeyedGenerator(Protocol):
 # the keys of `metrics()` that count what one call did (a step with several calls adds them up)
 COUNTS = frozenset({"tokens_generated", "tokens_reused", "tokens_discarded", "rollouts_started",
                     "rollouts_cut_by_budget", "rollouts_censored", "agent/tool_calls", "agent/censored",
-                    "agent/max_turns_reached", "agent/inserted_tokens", "agent/sampled_tokens"})
+                    "agent/max_turns_reached", "agent/inserted_tokens", "agent/sampled_tokens",
+                    "agent/censored/error", "agent/censored/timeout", "agent/censored/non_finite_reward"})
 Spares = Sequence[Request] | Callable[[int], list[Request]]  # spare requests, or a function giving k of them
 
 

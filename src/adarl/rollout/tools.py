@@ -76,6 +76,9 @@ class Calculator:
 
 MAX_ROWS = 20  # rows a query shows; the rest are counted
 MAX_STEPS = 200_000  # SQLite virtual-machine steps a query may take before it is stopped
+MAX_VALUE_BYTES = 10_000  # the longest string or blob SQLite may make (its own default: 10^9)
+MAX_COLUMNS = 64  # columns a result may have (SQLite's default: 2000)
+MAX_RESULT_CHARS = 20_000  # characters of rows a query shows
 
 
 class SqlDatabase:
@@ -83,9 +86,13 @@ class SqlDatabase:
 
     Only reading is allowed: an authorizer denies every action but SELECT, reading columns and
     functions (so no ATTACH, PRAGMA, writes or temp tables), and a progress handler stops a query
-    after MAX_STEPS steps (a cross join of cross joins cannot hang the loop)."""
+    after MAX_STEPS steps (a cross join of cross joins cannot hang the loop). A value is at most
+    MAX_VALUE_BYTES long (`zeroblob(1e9)` fails instead), `printf` is denied, a result has at most
+    MAX_COLUMNS columns, and rows are read one by one only until MAX_RESULT_CHARS are shown."""
 
     _ALLOWED = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION}
+    # one step each, yet `printf('%.*c', 1e9, 'x')` loops a billion times before the length limit says no
+    _SLOW = {"printf", "format"}
 
     def reset(self, table: str = "[]", sql: str = "", **row: Any) -> None:
         from adarl.tasks.tool_tasks import SCHEMA
@@ -94,7 +101,9 @@ class SqlDatabase:
         self.db = sqlite3.connect(":memory:", check_same_thread=False)
         self.db.execute(SCHEMA)
         self.db.executemany("INSERT INTO staff VALUES (?, ?, ?, ?)", [tuple(r) for r in json.loads(table)])
-        self.db.set_authorizer(lambda action, *_: sqlite3.SQLITE_OK if action in self._ALLOWED else sqlite3.SQLITE_DENY)
+        self.db.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)
+        self.db.setlimit(sqlite3.SQLITE_LIMIT_COLUMN, MAX_COLUMNS)
+        self.db.set_authorizer(self._authorize)
         steps = [0]
 
         def budget() -> int:
@@ -105,19 +114,29 @@ class SqlDatabase:
         self.db.set_progress_handler(budget, 1000)
         return None
 
+    def _authorize(self, action: int, _arg1: Any, name: Any, *_: Any) -> int:
+        if action not in self._ALLOWED or (action == sqlite3.SQLITE_FUNCTION and str(name).lower() in self._SLOW):
+            return sqlite3.SQLITE_DENY
+        return sqlite3.SQLITE_OK
+
     def demonstration(self, sql: str = "", **row: Any) -> list[ToolCall] | None:
         return [ToolCall("query", {"sql": sql})] if sql else None
 
     def query(self, sql: str) -> str:
         """Run one read-only SQL query on the table staff(name, team, salary, age); the rows it returns."""
         self._steps[0] = 0
+        lines: list[str] = []
         try:
             cursor = self.db.execute(sql)
-            rows = cursor.fetchmany(MAX_ROWS + 1)
+            while (row := cursor.fetchone()) is not None:
+                if len(lines) == MAX_ROWS:
+                    return "\n".join(lines) + f"\n... (more than {MAX_ROWS} rows)"
+                lines.append(", ".join(str(v) for v in row))
+                if sum(map(len, lines)) > MAX_RESULT_CHARS:
+                    return "\n".join(lines)[:MAX_RESULT_CHARS] + f"\n... (more than {MAX_RESULT_CHARS} characters)"
         except sqlite3.Error as err:
             return f"error: {err}"
-        shown = "\n".join(", ".join(str(v) for v in r) for r in rows[:MAX_ROWS]) or "(no rows)"
-        return shown + (f"\n... (more than {MAX_ROWS} rows)" if len(rows) > MAX_ROWS else "")
+        return "\n".join(lines) or "(no rows)"
 
 
 _INDEXES: dict[tuple[int, int], Any] = {}  # (corpus seed, size) -> (bm25s index, passages): built once per process

@@ -1,0 +1,105 @@
+"""A thread pool for calls into user code (an agent environment's reset, step, tools, get_reward,
+close) in which every call has a deadline that a hang cannot outlive.
+
+    pool = DaemonPool(workers=4, name="adarl-tools")
+    future = pool.submit(env.reset, timeout_s=30.0)   # done by then at the latest
+    future.result()                                   # its value, its exception, or CallTimeout
+
+`concurrent.futures.ThreadPoolExecutor` joins its threads when the interpreter exits, so one tool that
+never returns keeps the process alive for good, and holds its worker meanwhile. Here a call runs on a
+daemon thread of its own, at most `workers` at a time; at its deadline (counted from `submit`: time
+spent queued counts) its future fails with `CallTimeout`, whether it was running or still queued. A
+running call is then abandoned: its thread finishes or hangs alone, never blocking exit, and its
+slot goes to the next call. `timeouts` counts the calls that failed so.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, InvalidStateError
+from typing import Any
+
+
+class CallTimeout(TimeoutError):
+    """A call to user code did not answer before its deadline."""
+
+
+class DaemonPool:
+    def __init__(self, workers: int, name: str = "adarl-daemon") -> None:
+        self.workers, self.name = workers, name
+        self.timeouts = 0  # calls failed at their deadline, ever (their threads may still be running)
+        self._cond = threading.Condition()
+        self._queued: list[tuple[Future, Callable[..., Any], tuple[Any, ...], float]] = []
+        self._running: dict[Future, float] = {}  # a running call's future -> its deadline (time.monotonic())
+        self._watcher: threading.Thread | None = None
+        self._closed = False
+
+    def submit(self, fn: Callable[..., Any], *args: Any, timeout_s: float) -> Future:
+        """Run `fn(*args)` on a daemon thread; its future is done `timeout_s` from now at the latest."""
+        future: Future = Future()
+        with self._cond:
+            if self._closed:
+                raise RuntimeError(f"{self.name}: the pool is shut down")
+            self._queued.append((future, fn, args, time.monotonic() + timeout_s))
+            self._dispatch()
+        return future
+
+    def shutdown(self) -> None:
+        """Cancel the queued calls and take no more; running ones are left to finish (daemon threads)."""
+        with self._cond:
+            self._closed = True
+            for future, *_ in self._queued:
+                future.cancel()
+            self._queued.clear()
+            self._cond.notify_all()
+
+    def _dispatch(self) -> None:
+        """Start queued calls while slots are free, and wake the watcher (called holding the lock)."""
+        while self._queued and len(self._running) < self.workers:
+            future, fn, args, deadline = self._queued.pop(0)
+            if not future.set_running_or_notify_cancel():
+                continue
+            self._running[future] = deadline
+            threading.Thread(target=self._call, args=(future, fn, args), name=self.name, daemon=True).start()
+        if self._watcher is None and (self._queued or self._running):
+            self._watcher = threading.Thread(target=self._watch, name=f"{self.name}-deadlines", daemon=True)
+            self._watcher.start()
+        self._cond.notify_all()
+
+    def _call(self, future: Future, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        try:
+            value, error = fn(*args), None
+        except BaseException as exc:  # noqa: BLE001 - user code may raise anything (SystemExit too): it goes to the caller
+            value, error = None, exc
+        with self._cond:
+            if self._running.pop(future, None) is None:  # past its deadline: already failed
+                return
+            self._dispatch()
+        if error is None:
+            future.set_result(value)
+        else:
+            future.set_exception(error)
+
+    def _watch(self) -> None:
+        """Fail the calls past their deadline (queued or running) and free their slots; ends when idle."""
+        with self._cond:
+            while self._queued or self._running:
+                now = time.monotonic()
+                late = [f for f, d in self._running.items() if d <= now]
+                late += [f for f, _, _, d in self._queued if d <= now]
+                if late:
+                    self._queued = [q for q in self._queued if q[3] > now]
+                    for future in late:
+                        self._running.pop(future, None)
+                        try:
+                            future.set_exception(CallTimeout(f"{self.name}: no answer before the deadline"))
+                        except InvalidStateError:  # a queued call cancelled meanwhile
+                            continue
+                        self.timeouts += 1
+                    self._dispatch()
+                    continue
+                soonest = min([*self._running.values(), *(q[3] for q in self._queued)])
+                self._cond.wait(soonest - now)
+            self._watcher = None
