@@ -140,3 +140,20 @@ def test_gpu_check_runs_at_its_smallest_setting_on_the_cpu(tmp_path):
     assert [result["trainer"][k]["model_device"] for k in ("float32", "bf16_mixed")] == ["cpu", "cpu"]
     decode = result["shapes"]["qwen-tiny-a"]["decode"]
     assert [d["rows"] for d in decode] == [64, 256] and all(d["adarl_tokens"] > 0 for d in decode)
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+def test_attn_implementation_reaches_the_model(tiny_model_dir, impl):
+    from adarl.config import ModelConfig
+
+    model, _ = load_model(ModelConfig(path=str(tiny_model_dir), device="cpu", attn_implementation=impl))
+    assert model.config._attn_implementation == impl
+
+
+def test_flash_attention_without_its_package_is_one_clear_error(tiny_model_dir, monkeypatch):
+    from adarl.config import ModelConfig
+    from conftest import hide_package
+
+    hide_package(monkeypatch, "flash_attn")
+    with pytest.raises(RuntimeError, match="flash-attn package"):
+        load_model(ModelConfig(path=str(tiny_model_dir), device="cpu", attn_implementation="flash_attention_2"))

@@ -79,6 +79,9 @@ class ModelConfig(Section):
     # where the policy, the reference, the teacher, the hf decoder, evaluation and SFT run.
     # auto: the first CUDA GPU when torch sees one, else the CPU
     device: str = "auto"
+    # the attention kernels transformers uses (sdpa: PyTorch's scaled_dot_product_attention, which picks
+    # flash/memory-efficient/cuDNN kernels itself; flash_attention_2 needs the flash-attn package)
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
 
     @field_validator("device")
     @classmethod

@@ -333,7 +333,11 @@ def _load_base(cfg: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerBa
     device = resolve_device(cfg.device)
     folder = ensure_hf_folder(cfg.path)
     tok = load_tokenizer(folder)
-    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=_dtype(cfg.dtype), local_files_only=True)
+    if cfg.attn_implementation == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
+        raise RuntimeError("model.attn_implementation flash_attention_2 needs the flash-attn package "
+                           "(pip install flash-attn, on a CUDA machine); or use sdpa, the default")
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=_dtype(cfg.dtype), local_files_only=True,
+                                                 attn_implementation=cfg.attn_implementation)
     _sync_special_ids(model, tok)
     return model.to(device), tok
 
