@@ -5,8 +5,8 @@ their defaults). The prompt is a string (rendered with the system prompt and tem
 a list of chat messages (used as given, after the system prompt if the list has none).
 A line without the id key gets a content hash of its prompt; without the answer key, no
 answer. ``task.answer_after`` keeps only the text after the last marker of the answer (GSM8K's
-``... #### 72`` with ``answer_after: "####"`` gives ``72``). Every other key becomes a column. Problems are unique by id: a repeated id keeps
-its first line.
+``... #### 72`` with ``answer_after: "####"`` gives ``72``). Every other key becomes a column.
+Problems are unique by id: a repeated id keeps its first line.
 
 Eval comes from ``task.eval_path`` when set (at most ``eval_size`` problems), otherwise
 ``eval_size`` distinct problems are held out at random (seeded) by the rule every source
