@@ -71,10 +71,10 @@ def locate(path: str | Path, config: str | None, key: str = "task.path") -> tupl
     return (p / config, None) if (p / config).is_dir() else (p, config)
 
 
-def load_local(path: str | Path, config: str | None = None) -> Any:
+def load_local(path: str | Path, config: str | None = None, key: str = "task.path") -> Any:
     """The Dataset or DatasetDict at `path` (a local file or folder, or a Hub id), of `config` when given;
     ValueError if it is not a readable dataset."""
-    p, name = locate(path, config)
+    p, name = locate(path, config, key)
     builder = None if p.is_dir() else BUILDERS.get(p.suffix.lower())
     if not p.is_dir() and builder is None:
         raise ValueError(f"{path}: cannot read a '{p.suffix}' file as a dataset (extensions: "
@@ -178,7 +178,7 @@ def load_hf_datasets(cfg: TaskConfig, data_seed: int) -> TaskSource:
         held = dedupe(read_split(rows, cfg, _where(cfg.path, cfg.eval_split), bad))[: cfg.eval_size]
         other = f"split '{cfg.eval_split}'"
     elif cfg.eval_path:
-        rows = pick_split(load_local(cfg.eval_path, cfg.config), cfg.split, cfg.eval_path)
+        rows = pick_split(load_local(cfg.eval_path, cfg.config, "task.eval_path"), cfg.split, cfg.eval_path)
         held = dedupe(read_split(rows, cfg, _where(cfg.eval_path, cfg.split), bad))[: cfg.eval_size]
         other = cfg.eval_path
     if held is not None:
