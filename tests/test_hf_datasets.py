@@ -23,7 +23,8 @@ datasets = pytest.importorskip("datasets")
 def _offline_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))  # never the user's cache
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "0")  # the source must turn it on itself
-    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))  # an empty hub cache: a Hub id is not cached
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
 
 
 # six plain-text problems: q1..q6 ask "What is k+k?" (k = 1..6) with answer 2k and level k
@@ -196,9 +197,12 @@ def test_a_mapping_to_no_column_names_the_columns(tmp_path) -> None:
     assert len(source.train) == 5  # an explicit default mapping to an existing column is fine
 
 
-def test_only_local_data_and_never_the_network(tmp_path, monkeypatch) -> None:
-    with pytest.raises(ValueError, match="task data not found: openai/gsm8k .*never a Hub name"):
-        hf(Path("openai/gsm8k"))
+def test_datasets_never_reaches_the_network(tmp_path, monkeypatch) -> None:
+    # a Hub id is read from the hub cache (tests/test_hub.py); not cached and offline, it is an error
+    with pytest.raises(ValueError, match="task.path 'openai/gsm8k': this Hub dataset is not in the Hugging Face cache"):
+        build_task(hf(Path("openai/gsm8k")))
+    with pytest.raises(ValueError, match="task data not found: nowhere/a/b .*or a Hub dataset id"):
+        hf(Path("nowhere/a/b"))
     with pytest.raises(ValueError, match="task.path is required for source 'hf_datasets'"):
         TaskConfig(source="hf_datasets")
     (tmp_path / "notes.txt").write_text("prompt\n")

