@@ -80,3 +80,46 @@ def test_sharded_checkpoint_resumes_exactly(tiny_model_dir, tmp_path):
     on_one = launch(tiny_model_dir, tmp_path / "on_one.pt", *common, "--resume", "--checkpoint", str(ckpt),
                     ranks=0)["token-mean"]
     assert max_difference(straight["weights"], on_one["weights"]) < 1e-5
+
+
+def test_torchrun_train_drives_the_ranks_from_rank_0(tiny_model_dir, tmp_path, monkeypatch):
+    """`torchrun --nproc-per-node 2 -m adarl.cli train` against one process on the same recipe: rank 0
+    generates from the published weights (step 2 samples the same rollouts), final/ is a plain HF folder
+    with the same weights, the sharded checkpoint resumes; rank 1 writes nothing."""
+    import json
+
+    import yaml
+    from transformers import AutoModelForCausalLM
+
+    from test_train import recipe_data, write_task
+
+    data = recipe_data(tiny_model_dir, write_task(tmp_path), budget={"max_steps": 2, "prompts_per_step": 2},
+                       train={"lr": 1e-3}, checkpoint={"every": 1}, log={"tensorboard": False, "progress": False})
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(data))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE",
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "adarl.cli"]
+
+    def cli(*args: str, head=(sys.executable, "-m", "adarl.cli")) -> str:
+        done = subprocess.run([*head, "train", *args], env=env, capture_output=True, text=True, timeout=600,
+                              cwd=tmp_path)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stderr
+
+    cli(str(recipe), "--run-dir", str(tmp_path / "one"))
+    cli(str(recipe), "train.parallel=fsdp2", "--run-dir", str(tmp_path / "two"), head=torchrun)
+    rows = {name: [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+            for name in ("one", "two")}
+    assert [r["step"] for r in rows["two"]] == [1, 2]
+    for a, b in zip(rows["one"], rows["two"], strict=True):  # the same rollouts, rewards and update
+        assert a["reward"] == b["reward"] and a["tokens"] == b["tokens"]
+        assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-5 * a["grad_norm"]
+    one, two = (AutoModelForCausalLM.from_pretrained(tmp_path / name / "final").state_dict() for name in ("one", "two"))
+    assert max_difference(one, two) < 1e-5
+    assert (tmp_path / "two" / "checkpoints" / "step_000002" / "sharded" / ".metadata").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["one", "prompts.jsonl", "recipe.yaml", "two"]
+    log = cli("--resume", str(tmp_path / "two"), "budget.max_steps=3", head=torchrun)
+    assert "from step 2" in log
+    assert [json.loads(line)["step"] for line in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()] \
+        == [1, 2, 3]

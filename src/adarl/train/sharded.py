@@ -62,6 +62,11 @@ def init_distributed(device: str = "auto", timeout_s: float | None = None) -> in
     return dist.get_rank()
 
 
+def end_distributed() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def _broadcast(message: Any = None) -> Any:
     box = [message]
     dist.broadcast_object_list(box, src=0)
@@ -74,6 +79,25 @@ def release_followers() -> None:
     if _serving and rank() == 0:
         _serving = False
         _broadcast(("close", (), None))
+
+
+def follow(recipe: Any) -> None:
+    """Ranks 1..N-1 of `torchrun ... -m adarl.cli train RECIPE`: build the learner as rank 0 does and serve
+    its calls until it closes. These ranks generate, verify and write nothing."""
+    from adarl import registry
+    from adarl.models import load_model
+    from adarl.train.trainer import build_learner
+
+    torch.manual_seed(recipe.seed)
+    if recipe.model.threads:
+        torch.set_num_threads(recipe.model.threads)
+    model, tokenizer = load_model(recipe.model, for_training=True)
+    if recipe.train.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    learner = build_learner(recipe, model, registry.build("loss", recipe.loss), pad_id,
+                            np.random.default_rng(recipe.seed))
+    learner.serve()
 
 
 def split_by_tokens(order: list[int], lengths: list[int], ranks: int) -> list[list[int]]:
