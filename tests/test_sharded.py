@@ -123,3 +123,24 @@ def test_torchrun_train_drives_the_ranks_from_rank_0(tiny_model_dir, tmp_path, m
     assert "from step 2" in log
     assert [json.loads(line)["step"] for line in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()] \
         == [1, 2, 3]
+
+
+def test_rollouts_are_split_by_tokens():
+    from adarl.train.sharded import split_by_tokens
+
+    # longest first, each to the lighter share: 9→r0, 7→r1, 5→r1 (7 < 9), 4→r0 (9 < 12), 3→r1 (12 < 13)
+    lengths = [5, 9, 3, 7, 4]
+    assert split_by_tokens([0, 1, 2, 3, 4], lengths, 2) == [[1, 4], [0, 2, 3]]  # 13 and 15 tokens
+    assert split_by_tokens([2], lengths, 2) == [[2], []]  # a rank may get nothing (it runs idle passes)
+
+
+def test_fsdp2_refuses_what_it_does_not_shard(tiny_model_dir, tmp_path):
+    from adarl.config import RecipeError, load_recipe
+    from test_train import recipe_data, write_task
+
+    data = recipe_data(tiny_model_dir, write_task(tmp_path), train={"parallel": "fsdp2"},
+                       model={"path": str(tiny_model_dir), "lora": {"r": 4}})
+    with pytest.raises(RecipeError, match="fsdp2 does not shard LoRA"):
+        load_recipe(data=data)
+    with pytest.raises(RecipeError, match="cpu_offload offloads FSDP2 shards"):
+        load_recipe(data=recipe_data(tiny_model_dir, write_task(tmp_path), train={"cpu_offload": True}))
