@@ -17,6 +17,23 @@ def _fail(message: str) -> None:
     raise typer.Exit(code=2)
 
 
+def _run(loaded, target: Path, resume: bool) -> dict:
+    """Build the trainer and run it; its errors as the CLI reports them."""
+    from adarl.train.trainer import NonFiniteUpdates, ResumeError, Trainer
+
+    try:
+        trainer = Trainer(loaded, target)
+    except (FileNotFoundError, ValueError) as err:
+        _fail(str(err))
+    try:
+        return trainer.run(resume=resume)
+    except NonFiniteUpdates as err:  # a diverged run: a usable checkpoint was saved; exit code 3
+        typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(code=3) from None
+    except ResumeError as err:
+        _fail(str(err))
+
+
 @app.command()
 def train(
     recipe: Annotated[str | None, typer.Argument(help="recipe YAML file")] = None,
@@ -51,19 +68,21 @@ def train(
     except (ValueError, ImportError) as err:
         _fail(str(err))
 
-    from adarl.train.trainer import NonFiniteUpdates, ResumeError, Trainer
+    if loaded.train.parallel == "fsdp2":  # under torchrun: rank 0 runs the trainer, the others its learner calls
+        from adarl.train import sharded
 
+        if sharded.init_distributed(loaded.model.device) != 0:
+            try:
+                sharded.follow(loaded)
+            finally:
+                sharded.end_distributed()
+            return
     try:
-        trainer = Trainer(loaded, target)
-    except (FileNotFoundError, ValueError) as err:
-        _fail(str(err))
-    try:
-        last = trainer.run(resume=resume is not None)
-    except NonFiniteUpdates as err:  # a diverged run: a usable checkpoint was saved; exit code 3
-        typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
-        raise typer.Exit(code=3) from None
-    except ResumeError as err:
-        _fail(str(err))
+        last = _run(loaded, target, resume is not None)
+    finally:
+        if loaded.train.parallel == "fsdp2":
+            sharded.release_followers()  # also when rank 0 failed before or during its run
+            sharded.end_distributed()
     keys = [k for k in ("step", "tokens", "reward", "pass_rate", "eval/pass@1") if k in last]
     typer.echo("done: " + ", ".join(f"{k}={last[k]:.4g}" if isinstance(last[k], float) else f"{k}={last[k]}"
                                    for k in keys) + f"  (run directory: {target})")

@@ -483,6 +483,10 @@ class TrainConfig(Section):
     # under bf16 mixed precision, the lm head multiplies in float32 (MiniMax-M1's fix for the train/sampler
     # mismatch); false: in bf16 like the rest, faster at a large vocabulary
     fp32_lm_head: bool = True
+    # the learner: "none" one process; "fsdp2" sharded with FSDP2 over the ranks of
+    # `torchrun --nproc-per-node N -m adarl.cli train RECIPE` (train/sharded.py; rank 0 drives the run)
+    parallel: Literal["none", "fsdp2"] = "none"
+    cpu_offload: bool = False  # fsdp2: shards, gradients and Adam's moments in host memory between uses
 
     @field_validator("betas")
     @classmethod
@@ -624,6 +628,11 @@ class Recipe(Section):
         if self.train.mixed_precision == "bf16" and self.model.dtype != "float32":
             raise ValueError("train.mixed_precision bf16 keeps float32 master weights: set model.dtype float32 "
                              "(or keep model.dtype bfloat16 and train.mixed_precision no, for bf16 weights)")
+        if self.train.parallel == "fsdp2" and (self.model.lora is not None or self.distill is not None):
+            raise ValueError("train.parallel fsdp2 does not shard LoRA adapters or a distillation teacher yet: "
+                             "remove model.lora / distill, or use train.parallel none")
+        if self.train.cpu_offload and self.train.parallel != "fsdp2":
+            raise ValueError("train.cpu_offload offloads FSDP2 shards: set train.parallel fsdp2 too")
         return self
 
 

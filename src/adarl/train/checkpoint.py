@@ -4,6 +4,8 @@ A checkpoint directory `checkpoints/step_000012/` holds
   weights.safetensors   the trainable parameters (all of them, or the LoRA adapters)
   optimizer.pt          optimizer (and scheduler) state
   state.pt              step, budget, selector, generator and RNG states, every stage's state
+or, from a sharded learner (train/sharded.py), `sharded/` (a `torch.distributed.checkpoint` folder:
+each rank's shards of the weights and optimizer state, loadable at any world size) and `state.pt`.
 A directory only gets its final name once every file in it is on disk, so a crash while
 writing leaves a `*.tmp` directory that is never loaded (and is cleaned up on the next save).
 Old checkpoints are pruned by first renaming them to `*.del` (atomic), then deleting them, so
@@ -33,6 +35,7 @@ from safetensors.torch import load_file, save_file
 
 _STEP = re.compile(r"^step_(\d+)$")
 FILES = ("weights.safetensors", "optimizer.pt", "state.pt")
+SHARDED = "sharded"  # the folder a sharded learner writes instead of the weights and optimizer files
 _STALE = ("*.tmp", "*.del")
 
 
@@ -166,16 +169,23 @@ def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.detach().contiguous() for n, p in model.named_parameters() if p.requires_grad}
 
 
-def save(root: Path, step: int, model: torch.nn.Module, optimizer_state: dict, state: dict, keep: int) -> Path:
+def save(root: Path, step: int, model: torch.nn.Module, optimizer_state: dict | None, state: dict, keep: int,
+         write_sharded: Callable[[Path], None] | None = None) -> Path:
+    """A checkpoint of `model` and `optimizer_state`, or (`write_sharded`, called with the folder to fill,
+    on rank 0 of a sharded learner, which has every rank write its shards there) a sharded one."""
     root.mkdir(parents=True, exist_ok=True)
     clean_stale(root)
     final = root / f"step_{step:06d}"
     tmp = root / f"step_{step:06d}.tmp"
     tmp.mkdir()
-    save_file(trainable_state(model), tmp / "weights.safetensors")
-    crash_point("checkpoint:weights", step)
-    torch.save(optimizer_state, tmp / "optimizer.pt")
-    crash_point("checkpoint:optimizer", step)
+    if write_sharded is not None:
+        write_sharded(tmp / SHARDED)
+        crash_point("checkpoint:weights", step)
+    else:
+        save_file(trainable_state(model), tmp / "weights.safetensors")
+        crash_point("checkpoint:weights", step)
+        torch.save(optimizer_state, tmp / "optimizer.pt")
+        crash_point("checkpoint:optimizer", step)
     torch.save(state, tmp / "state.pt")
     crash_point("checkpoint:state", step)
     _fsync_tree(tmp)
@@ -197,7 +207,12 @@ def prune(root: Path, keep: int, step: int = -1) -> None:
 
 
 def is_complete(path: Path) -> bool:
-    return all((path / name).is_file() for name in FILES)
+    return all((path / name).is_file() for name in FILES) or \
+        ((path / "state.pt").is_file() and (path / SHARDED / ".metadata").is_file())
+
+
+def is_sharded(path: Path) -> bool:
+    return (path / SHARDED).is_dir()
 
 
 def list_checkpoints(root: Path) -> list[Path]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -81,6 +82,8 @@ class StepData:
 
 
 class Learner:
+    sharded = False  # a ShardedLearner (train/sharded.py) writes sharded checkpoints
+
     def __init__(self, model: torch.nn.Module, loss: PolicyLoss, cfg: TrainConfig, *, temperature: float,
                  pad_id: int, max_len: int, rng: np.random.Generator, reference: torch.nn.Module | None = None,
                  entropy: EntropyObserver | None = None, teacher: Teacher | None = None):
@@ -117,9 +120,13 @@ class Learner:
                  entropy_grad: bool = False, extra_ids: torch.Tensor | None = None):
         packed = pack([p for p, _ in batch_rows], [c for _, c in batch_rows], self.pad_id).to(self.device)
         with torch.set_grad_enabled(grad), self._autocast():
-            out = completion_logprobs(model or self.model, packed, self.temperature, self.cfg.logit_chunk,
-                                      entropy_grad=entropy_grad, extra_ids=extra_ids, fp32_head=self.cfg.fp32_lm_head)
+            out = self._logprobs(model, packed, entropy_grad=entropy_grad, extra_ids=extra_ids)
         return (packed, *out)
+
+    def _logprobs(self, model: torch.nn.Module | None, packed, **kw) -> tuple[torch.Tensor, ...]:
+        """`completion_logprobs` under `model` (None: the trained policy)."""
+        return completion_logprobs(model or self.model, packed, self.temperature, self.cfg.logit_chunk,
+                                   fp32_head=self.cfg.fp32_lm_head, **kw)
 
     def _autocast(self):
         """bf16 compute over float32 weights (`train.mixed_precision: bf16`); the head stays float32."""
@@ -165,10 +172,7 @@ class Learner:
 
         self.model.train()
         if not data.on_policy:  # the proximal policy ℓ_old, before any update of this step
-            for mb in self._micro_batches(active, data.lengths):
-                _, logp, _ = self._forward([rows[i] for i in mb], grad=False)
-                for j, i in enumerate(mb):
-                    data.old_logp[i] = logp[j, : len(rows[i][1])]
+            self._old_logprobs(data, active)
 
         minibatches = np.array_split(np.asarray(in_batch)[self.rng.permutation(len(in_batch))], t.mini_batches)
         grad_norms = []
@@ -180,7 +184,7 @@ class Learner:
                 self.forward_backward(data, [i for i in mb_all if i in active_set],
                                       dict(zip(mb_all, w_all, strict=True)))
                 grad_norms.append(self.optim_step())
-        sums = data.sums
+        sums = self._total(data.sums)
         n_tok = max(sums.pop("tokens_trained"), 1.0)
         out = {k: v / n_tok for k, v in sums.items()}
         out["grad_norm"] = float(np.mean(grad_norms))
@@ -205,8 +209,19 @@ class Learner:
             with torch.no_grad():
                 self.loss.prepare([self._loss_inputs(data, micro, grad=False)[0]
                                    for micro in self._micro_batches(todo, data.lengths)])
-        for micro in self._micro_batches(todo, data.lengths):
+        for micro in self._my_micro_batches(todo, data.lengths):
             self._micro_step(data, micro, seq_weight)
+
+    def _my_micro_batches(self, order: list[int], lengths: list[int]) -> list[list[int]]:
+        """The micro-batches of `order` this process runs (all of them; a rank its share: train/sharded.py)."""
+        return self._micro_batches(order, lengths)
+
+    def _old_logprobs(self, data: StepData, active: list[int]) -> None:
+        """ℓ_old of rollouts `active` (into `data.old_logp`), at the parameters before the step's first update."""
+        for mb in self._my_micro_batches(active, data.lengths):
+            _, logp, _ = self._forward([data.rows[i] for i in mb], grad=False)
+            for j, i in enumerate(mb):
+                data.old_logp[i] = logp[j, : len(data.rows[i][1])]
 
     @staticmethod
     def _padded(values: list, like: torch.Tensor) -> torch.Tensor:
@@ -260,11 +275,7 @@ class Learner:
         if self.teacher is not None:
             per_token, extra = self._distill(data, micro, x, per_token)
             stats = {**stats, **extra}
-        loss = (per_token * mask * w).sum()
-        if torch.isfinite(loss):
-            loss.backward()
-        else:  # never backpropagate NaN/inf into the gradients: the whole update is skipped
-            self._poisoned = True
+        self._backward((per_token * mask * w).sum())
         # token-summed statistics; divided by the trained token count at the end of the step
         sums["tokens_trained"] += float(mask.sum())
         sums["loss"] = sums.get("loss", 0.0) + float((per_token.detach() * mask).sum())
@@ -311,7 +322,7 @@ class Learner:
         clip = self.cfg.max_grad_norm
         norm = float("nan")
         if not self._poisoned:
-            norm = float(torch.nn.utils.clip_grad_norm_(params, clip if clip is not None else float("inf")))
+            norm = self._clip_grad_norm(params, clip if clip is not None else float("inf"))
         if np.isfinite(norm):
             self.optimizer.step()
             self.scheduler.step()
@@ -324,3 +335,34 @@ class Learner:
         self._poisoned = False
         self.optimizer.zero_grad(set_to_none=True)
         return norm
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        if torch.isfinite(loss):
+            loss.backward()
+        else:  # never backpropagate NaN/inf into the gradients: the whole update is skipped
+            self._poisoned = True
+
+    def _clip_grad_norm(self, params: list[torch.nn.Parameter], clip: float) -> float:
+        """Scale the gradients to a total norm of at most `clip`; the norm before."""
+        return float(torch.nn.utils.clip_grad_norm_(params, clip))
+
+    def _total(self, sums: dict[str, float]) -> dict[str, float]:
+        """The step's token-summed metrics (a rank's are summed over ranks)."""
+        return sums
+
+    def publish(self, into: torch.nn.Module) -> None:
+        """Copy the trained weights into `into`, the model the generator samples from (nothing to do when
+        it is the trained model itself, as in one process)."""
+        if into is not self.model:
+            into.load_state_dict(self.model.state_dict())
+
+    def load_sharded(self, path: Path, state: dict[str, Any]) -> None:
+        """Weights and optimizer from a sharded checkpoint (`torch.distributed.checkpoint`, written by any
+        number of ranks), then `load_state_dict(state)`."""
+        from adarl.train.sharded import load_dcp
+
+        load_dcp(self.model, self.optimizer, path)
+        self.load_state_dict(state)
+
+    def close(self) -> None:
+        """Nothing to release in one process (a ShardedLearner lets the other ranks go)."""

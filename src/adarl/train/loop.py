@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from adarl.config import dump_recipe
 from adarl.metrics.progress import Progress
 from adarl.metrics.sinks import MetricsWriter
@@ -115,6 +117,7 @@ def run(t: Trainer, resume: bool = False, callbacks: Sequence[Any] = ()) -> dict
         t.rewards.close()
         t.rollouts.close()  # async mode: stop the generation thread
         t.generator.close()  # vllm: shut the engine down; a Ray pool: its workers
+        t.learner.close()  # sharded: the other ranks stop serving
         if t.swarm is not None:
             t.swarm.close()
     try:
@@ -138,8 +141,10 @@ def _stop_non_finite(t: Trainer, saved: bool) -> None:
 
 def save_checkpoint(t: Trainer) -> Path:
     crash_point("checkpoint", t.step)
+    sharded = t.learner.sharded  # each rank writes its shards; else the full weights and optimizer state
     path = checkpoint.save(t.run_dir / "checkpoints", t.step, t.model,
-                           t.learner.optimizer.state_dict(), t.state_dict(), keep=t.recipe.checkpoint.keep)
+                           None if sharded else t.learner.optimizer.state_dict(), t.state_dict(),
+                           keep=t.recipe.checkpoint.keep, write_sharded=t.learner.save_sharded if sharded else None)
     t.store.to_parquet(t.run_dir / "store.parquet")  # the difficulty store, for users to query
     return path
 
@@ -151,8 +156,16 @@ def resume_from_checkpoint(t: Trainer) -> bool:
               flush=True)
         return False
     try:
-        optimizer_state, state = checkpoint.load(path, t.model)
-        t.learner.optimizer.load_state_dict(optimizer_state)
+        if checkpoint.is_sharded(path):  # written by a sharded learner: loads at any world size
+            state = torch.load(path / "state.pt", weights_only=False)
+            t.learner.load_sharded(path / checkpoint.SHARDED, state)
+            t.learner.publish(t.model)
+        elif t.learner.sharded:
+            raise ValueError("a one-process checkpoint does not resume with train.parallel fsdp2 yet: resume "
+                             "with train.parallel=none")
+        else:
+            optimizer_state, state = checkpoint.load(path, t.model)
+            t.learner.optimizer.load_state_dict(optimizer_state)
         t.load_state_dict(state)
     except (RuntimeError, ValueError, KeyError, OSError, EOFError) as err:
         raise ResumeError(f"cannot resume {t.run_dir} from {path.name}: {err}") from err

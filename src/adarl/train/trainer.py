@@ -10,6 +10,7 @@ built from its recipe section, talks through `adarl.types`, and is checkpointed 
 
 from __future__ import annotations
 
+import copy
 import random
 import sys
 import time
@@ -44,6 +45,24 @@ from adarl.train.learner import Learner
 from adarl.train.loop import MAX_BAD_UPDATES, NonFiniteUpdates, ResumeError, run  # noqa: F401 (for users)
 from adarl.train.teacher import Teacher
 from adarl.types import Batch, Group, Problem, Request, merge
+
+
+def build_learner(recipe: Recipe, model: torch.nn.Module, loss: Any, pad_id: int, rng: np.random.Generator,
+                  teacher: Teacher | None = None) -> Learner:
+    """The recipe's learner of `model` (`train.parallel: fsdp2`: sharded in place over the ranks), with the
+    reference model and entropy statistics its loss needs. Every rank of a sharded run builds it alike."""
+    entropy = None  # normalised entropy statistics: fitted by the learner on each batch
+    if loss.needs_entropy or recipe.rollout.adaptive_temperature is not None:
+        entropy = EntropyObserver((recipe.rollout.adaptive_temperature or AdaptiveTemperature()).pivot)
+    reference = load_reference(recipe.model) if loss.kl_coef > 0 and recipe.model.lora is None else None
+    learner_class = Learner
+    if recipe.train.parallel == "fsdp2":
+        from adarl.train.sharded import ShardedLearner
+
+        learner_class = ShardedLearner
+    return learner_class(model, loss, recipe.train, temperature=recipe.rollout.temperature, pad_id=pad_id, rng=rng,
+                         reference=reference, max_len=recipe.loss.get("max_len") or recipe.rollout.max_new_tokens,
+                         entropy=entropy, teacher=teacher)
 
 
 class Trainer:
@@ -93,17 +112,15 @@ class Trainer:
         self.store = DifficultyStore([p.id for p in self.task.train], *self.selector.store_decay())
         self.problems_by_id = {p.id: p for p in self.task.train}
         self.np_rng = np.random.default_rng(recipe.seed)
-        # normalised entropy statistics: fitted by the learner on each batch, read by the loss and the sampler
-        self.entropy: EntropyObserver | None = None
-        if loss.needs_entropy or recipe.rollout.adaptive_temperature is not None:
-            self.entropy = EntropyObserver((recipe.rollout.adaptive_temperature or AdaptiveTemperature()).pivot)
-        self.reference = load_reference(recipe.model) if loss.kl_coef > 0 and recipe.model.lora is None else None
         teacher = None if recipe.distill is None else Teacher(
             recipe.distill, self.model, self.tokenizer, recipe.rollout.temperature, recipe.train.logit_chunk)
-        self.learner = Learner(self.model, loss, recipe.train, temperature=recipe.rollout.temperature,
-                               pad_id=self.generator.pad_id, rng=self.np_rng, reference=self.reference,
-                               max_len=recipe.loss.get("max_len") or recipe.rollout.max_new_tokens,
-                               entropy=self.entropy, teacher=teacher)
+        # sharded (fsdp2), the learner trains its own copy, and the generator samples from self.model, a full
+        # copy on this rank (rank 0) that `learner.publish` refreshes after each update
+        trained = copy.deepcopy(self.model) if recipe.train.parallel == "fsdp2" else self.model
+        self.learner = build_learner(recipe, trained, loss, self.generator.pad_id, self.np_rng, teacher)
+        # normalised entropy statistics: fitted by the learner on each batch, read by the loss and the sampler
+        self.entropy: EntropyObserver | None = self.learner.entropy
+        self.reference = self.learner.reference
         self.logs = RunLogs(self.run_dir, recipe.log.rollouts_every, decode=self.tokenizer.decode)
         self._prompt_cache: dict[str, list[int]] = {}
         self.last_groups: list[Group] = []
@@ -164,6 +181,7 @@ class Trainer:
         self.learn(batch, metrics, foreign)
         metrics["train_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
+        self.learner.publish(self.model)  # sharded: gathered into rank 0's full copy
         self.generator.update_weights()
         if self.entropy is not None:  # the sampler's ĥ: this step's statistics
             self.generator.set_entropy_stats(self.entropy.stats)

@@ -1,0 +1,340 @@
+"""The learner sharded with FSDP2 over torch.distributed ranks, one controller on rank 0.
+
+    torchrun --nproc-per-node N -m adarl.cli train RECIPE        (recipe: train.parallel: fsdp2)
+
+Rank 0 runs the whole trainer (selection, generation, verification, logging, the run directory) and
+a `ShardedLearner`; ranks 1..N-1 build only the learner and `serve()`. A learner call that needs every
+rank (an update, publishing full weights, a sharded checkpoint) is broadcast by rank 0 first, with its
+learner RNG state (`broadcast_object_list`), and run by every rank on the same data.
+
+The model is sharded by `torch.distributed.fsdp.fully_shard`, each decoder layer then a root module
+around the learner's forward (`PolicyForward`: the chunked log-prob head runs inside the root's
+forward, so FSDP gathers and reduces the embedding, final norm and head like any layer).
+
+Within an update every rank holds the whole mini-batch, so each rollout's aggregation weight w_i
+(`agg`) is computed over all of it, as in one process; then its rollouts are split across ranks
+balanced by tokens and each rank runs forward/backward on its share. FSDP averages gradients over
+the N ranks, so the weights are multiplied by N: the reduced gradient is Σ_i w_i ∇L_i over the whole
+mini-batch, the one-process gradient. Every rank runs the same number of micro-batches, so the
+collectives pair up: a rank with fewer runs idle passes (a one-token forward/backward times 0).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from adarl.train.learner import Learner, StepData
+from adarl.train.logprobs import completion_logprobs
+from adarl.types import Batch
+
+_serving = False  # rank 0: the other ranks serve a learner (or will, once built) and wait for its calls
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def init_distributed(device: str = "auto", timeout_s: float | None = None) -> int:
+    """Join the ranks `torchrun` started (or make a one-rank group without it); this rank.
+
+    gloo carries the control messages (and the collectives on a CPU); NCCL the CUDA tensors."""
+    if not dist.is_initialized():
+        cuda = device != "cpu" and torch.cuda.is_available()
+        if cuda:
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))  # model.device cuda: this rank's GPU
+        backend = "cpu:gloo,cuda:nccl" if cuda else "gloo"
+        timeout = timedelta(seconds=timeout_s) if timeout_s else None
+        if "WORLD_SIZE" in os.environ:
+            dist.init_process_group(backend, timeout=timeout)
+        else:
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+        global _serving
+        _serving = dist.get_world_size() > 1
+    return dist.get_rank()
+
+
+def end_distributed() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _broadcast(message: Any = None) -> Any:
+    box = [message]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def release_followers() -> None:
+    """Rank 0: let the serving ranks end (also when the run failed before its learner existed)."""
+    global _serving
+    if _serving and rank() == 0:
+        _serving = False
+        _broadcast(("close", (), None))
+
+
+def follow(recipe: Any) -> None:
+    """Ranks 1..N-1 of `torchrun ... -m adarl.cli train RECIPE`: build the learner as rank 0 does and serve
+    its calls until it closes. These ranks generate, verify and write nothing."""
+    from adarl import registry
+    from adarl.models import load_model
+    from adarl.train.trainer import build_learner
+
+    torch.manual_seed(recipe.seed)
+    if recipe.model.threads:
+        torch.set_num_threads(recipe.model.threads)
+    model, tokenizer = load_model(recipe.model, for_training=True)
+    if recipe.train.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    learner = build_learner(recipe, model, registry.build("loss", recipe.loss), pad_id,
+                            np.random.default_rng(recipe.seed))
+    learner.serve()
+
+
+def split_by_tokens(order: list[int], lengths: list[int], ranks: int) -> list[list[int]]:
+    """`order` in `ranks` shares of about equal tokens: longest first, each to the share with the fewest."""
+    shares: list[list[int]] = [[] for _ in range(ranks)]
+    load = [0] * ranks
+    for i in sorted(order, key=lambda i: (-lengths[i], i)):
+        r = int(np.argmin(load))
+        shares[r].append(i)
+        load[r] += lengths[i]
+    return [sorted(s) for s in shares]
+
+
+class PolicyForward(torch.nn.Module):
+    """The learner's forward (`completion_logprobs`) as a module, so FSDP2's root wraps it."""
+
+    def __init__(self, policy: torch.nn.Module):
+        super().__init__()
+        self.policy = policy
+
+    def forward(self, packed, temperature: float, chunk: int, **kw) -> tuple[torch.Tensor, ...]:
+        # copies, not views of one buffer: FSDP's backward hook on an output view is lost by an in-place op
+        return tuple(t.clone() for t in completion_logprobs(self.policy, packed, temperature, chunk, **kw))
+
+
+def shard(model: torch.nn.Module, mixed_precision: str, fp32_lm_head: bool, cpu_offload: bool) -> PolicyForward:
+    """`fully_shard` each decoder layer, then the root (`PolicyForward`: embedding, final norm, head).
+
+    `mixed_precision: bf16`: the layers' parameters are gathered and computed in bf16, gradients reduced
+    in float32 over float32 shards; with `fp32_lm_head` the root (and so the head) stays float32."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+    kw: dict[str, Any] = {}
+    if cpu_offload:
+        kw["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
+    bf16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    layers = getattr(model.get_decoder(), "layers", None)
+    if layers is None:
+        raise ValueError(f"train.parallel fsdp2: {type(model).__name__} has no decoder `layers` to shard")
+    for layer in layers:
+        fully_shard(layer, **kw, **({"mp_policy": bf16} if mixed_precision == "bf16" else {}))
+    root = PolicyForward(model)
+    head_fp32 = mixed_precision == "bf16" and fp32_lm_head
+    root_mp = MixedPrecisionPolicy(param_dtype=None if head_fp32 else torch.bfloat16, reduce_dtype=torch.float32)
+    fully_shard(root, **kw, **({"mp_policy": root_mp} if mixed_precision == "bf16" else {}))
+    return root
+
+
+def everywhere(method):
+    """A learner call every rank makes: rank 0 broadcasts it (its name, arguments and rank 0's learner RNG
+    state) before running it; the other ranks receive it in `serve`."""
+
+    @functools.wraps(method)
+    def call(self: ShardedLearner, *args: Any) -> Any:
+        if self.rank == 0 and self.world > 1:
+            _broadcast((method.__name__, args, self.rng.bit_generator.state))
+        return method(self, *args)
+
+    return call
+
+
+class ShardedLearner(Learner):
+    """The Learner over FSDP2 shards (see the module docstring); `model` is sharded in place."""
+
+    sharded = True
+
+    def __init__(self, model: torch.nn.Module, loss, cfg, **kw: Any):
+        init_distributed(str(next(model.parameters()).device.type))
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        global _serving
+        _serving = self.world > 1
+        compute = next(model.parameters()).device
+        self.root = shard(model, cfg.mixed_precision, cfg.fp32_lm_head, cfg.cpu_offload)
+        super().__init__(model, loss, cfg, **kw)
+        if compute.type == "cuda":
+            compute = torch.device("cuda", torch.cuda.current_device())
+        self.device = compute  # with cpu_offload the shards sit on the host; compute stays here
+
+    # ------------------------------------------------------------ rank 0 drives, the others serve
+
+    def serve(self) -> None:
+        """Ranks 1..N-1: run rank 0's learner calls until it closes."""
+        while True:
+            name, args, rng_state = _broadcast()
+            if name == "close":
+                return
+            self.rng.bit_generator.state = rng_state
+            getattr(type(self), name).__wrapped__(self, *args)
+
+    def close(self) -> None:
+        release_followers()
+
+    def update(self, batch: Batch, weights: list[np.ndarray] | None = None) -> dict[str, float]:
+        return self._update(_portable(batch), weights)
+
+    @everywhere
+    def _update(self, portable: tuple, weights: list[np.ndarray] | None) -> dict[str, float]:
+        return Learner.update(self, _restore(portable), weights)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        keys = ("scheduler", "skipped_updates", "bad_updates_in_a_row", "guard_length")
+        self._load_state({k: state[k] for k in keys if k in state})
+
+    @everywhere
+    def _load_state(self, state: dict[str, Any]) -> None:
+        Learner.load_state_dict(self, state)
+
+    # ------------------------------------------------------------ weights out, checkpoints
+
+    def publish(self, into: torch.nn.Module) -> None:
+        """Gather full weights (host memory, rank 0 only) into rank 0's unsharded copy `into`."""
+        full = self._full_state_dict()
+        if self.rank == 0:
+            missing, unexpected = into.load_state_dict(full, strict=False)
+            tied = {n for n in missing if n in _tied_names(into)}
+            if set(missing) - tied or unexpected:
+                raise RuntimeError(f"published weights do not fit the generator's model: missing "
+                                   f"{sorted(set(missing) - tied)[:3]}, unexpected {unexpected[:3]}")
+
+    @everywhere
+    def _full_state_dict(self) -> dict[str, torch.Tensor]:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    @everywhere
+    def save_sharded(self, path: Path) -> None:
+        """Every rank writes its shards of the weights and Adam's moments to `path` (a DCP folder)."""
+        save_dcp(self.model, self.optimizer, path)
+
+    @everywhere
+    def load_sharded(self, path: Path, state: dict[str, Any]) -> None:
+        load_dcp(self.model, self.optimizer, path)
+        keys = ("scheduler", "skipped_updates", "bad_updates_in_a_row", "guard_length")
+        Learner.load_state_dict(self, {k: state[k] for k in keys if k in state})
+
+    # ------------------------------------------------------------ the update, on this rank's share
+
+    def _logprobs(self, model: torch.nn.Module | None, packed, **kw) -> tuple[torch.Tensor, ...]:
+        if model is not None:  # the reference model: a plain module on every rank
+            return super()._logprobs(model, packed, **kw)
+        return self.root(packed, self.temperature, self.cfg.logit_chunk, fp32_head=self.cfg.fp32_lm_head, **kw)
+
+    def _forward(self, batch_rows, grad: bool, model=None, **kw):
+        if not batch_rows:  # an idle pass: one token, so this rank joins the collectives
+            batch_rows = [([self.pad_id], [self.pad_id])]
+        return super()._forward(batch_rows, grad, model=model, **kw)
+
+    def _my_micro_batches(self, order: list[int], lengths: list[int]) -> list[list[int]]:
+        """This rank's share of `order` in micro-batches, padded with idle ones ([]) to the most any rank has."""
+        per_rank = [self._micro_batches(share, lengths) for share in split_by_tokens(order, lengths, self.world)]
+        mine = per_rank[self.rank]
+        return mine + [[] for _ in range(max(map(len, per_rank)) - len(mine))]
+
+    def forward_backward(self, data: StepData, todo: list[int], seq_weight: dict[int, float]) -> None:
+        # FSDP divides the summed gradient by the world size: w_i × N undoes it
+        super().forward_backward(data, todo, {i: w * self.world for i, w in seq_weight.items()})
+
+    def _micro_step(self, data: StepData, micro: list[int], seq_weight: dict[int, float]) -> None:
+        if micro:
+            return super()._micro_step(data, micro, seq_weight)
+        _, logp, _ = self._forward([], grad=True)
+        self._backward(logp.sum() * 0.0)
+
+    def _old_logprobs(self, data: StepData, active: list[int]) -> None:
+        super()._old_logprobs(data, active)  # this rank's share; then every rank gets all of them
+        mine = {i: v.cpu() for i, v in data.old_logp.items()}
+        gathered: list[Any] = [None] * self.world
+        dist.all_gather_object(gathered, mine)
+        data.old_logp = {i: v.to(self.device) for part in gathered for i, v in part.items()}
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        # every rank backpropagates (FSDP's reduce-scatters pair up); a non-finite loss poisons the update
+        # on every rank (optim_step), so its gradients are never applied
+        if not torch.isfinite(loss):
+            self._poisoned = True
+        loss.backward()
+
+    def optim_step(self) -> float:
+        poisoned = torch.tensor([float(self._poisoned)])
+        dist.all_reduce(poisoned, op=dist.ReduceOp.MAX)
+        self._poisoned = bool(poisoned.item())
+        return super().optim_step()
+
+    def _clip_grad_norm(self, params: list[torch.nn.Parameter], clip: float) -> float:
+        norm = torch.nn.utils.clip_grad_norm_(params, clip)
+        return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+
+    def _total(self, sums: dict[str, float]) -> dict[str, float]:
+        gathered: list[Any] = [None] * self.world
+        dist.all_gather_object(gathered, sums)
+        return {k: sum(part.get(k, 0.0) for part in gathered) for k in dict.fromkeys(k for p in gathered for k in p)}
+
+
+def _tied_names(model: torch.nn.Module) -> set[str]:
+    """Parameter names that share a tensor with an earlier name (a tied head)."""
+    seen: dict[int, str] = {}
+    tied = set()
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in seen:
+            tied.add(name)
+        seen.setdefault(id(p), name)
+    return tied
+
+
+def _portable(batch: Batch) -> tuple:
+    """The batch with its span advantages keyed by (rollout, span) position instead of `id(span)`, which
+    does not survive pickling (shared spans do: one pickle keeps object identity)."""
+    spans = {id(span): (i, j) for i, r in enumerate(batch.rollouts) for j, span in enumerate(r.spans)}
+    by_place = None if batch.span_advantages is None else \
+        {spans[key]: value for key, value in batch.span_advantages.items() if key in spans}
+    return Batch(batch.groups, batch.advantages), by_place
+
+
+def _restore(portable: tuple) -> Batch:
+    batch, by_place = portable
+    if by_place is not None:
+        rollouts = batch.rollouts
+        batch.span_advantages = {id(rollouts[i].spans[j]): value for (i, j), value in by_place.items()}
+    return batch
+
+
+def save_dcp(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: Path) -> None:
+    """Weights and optimizer state by parameter name, each rank its shards (`torch.distributed.checkpoint`)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optim_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(path))
+
+
+def load_dcp(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: Path) -> None:
+    """`save_dcp`'s folder into `model` and `optimizer`, re-sharded to this world size (one process: whole)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_state, optim_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optimizer": optim_state}
+    dcp.load(state, checkpoint_id=str(path))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
