@@ -358,16 +358,18 @@ def test_compare_end_to_end_on_tiny_model(tiny_model_dir, tmp_path, monkeypatch)
     proc = _cli_compare(args, tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     said = proc.stdout
-    # the three tables (titles, then a row per recipe), the notes, and the two files, in that order
+    # the four tables (titles, then a row per recipe), the notes, and the two files, in that order
     titles = ["comparison at 150 generated tokens", "against the baseline grpo (same seed, same held-out problems)",
-              "per run", "pass@1 at B:", f"wrote {out / 'comparison.json'}", f"wrote {out / 'report.html'}"]
+              "mechanism (mean over seeds)", "per run", "pass@1 at B:", f"wrote {out / 'comparison.json'}",
+              f"wrote {out / 'report.html'}"]
     at = [said.index(t) for t in titles]
     assert at == sorted(at), said
     assert said.rstrip().endswith(f"wrote {out / 'report.html'}"), said
     per_recipe = said[at[0]:at[1]]
     assert "│ grpo " in per_recipe and "│ drgrpo " in per_recipe and "1/1" in per_recipe, said
     assert "│ drgrpo " in said[at[1]:at[2]] and "│ grpo " not in said[at[1]:at[2]], said  # only the non-baseline
-    assert said[at[2]:at[3]].count(" finished ") == 2, said
+    assert "│ grpo " in said[at[2]:at[3]] and "│ drgrpo " in said[at[2]:at[3]], said  # the mechanism, per recipe
+    assert said[at[3]:at[4]].count(" finished ") == 2, said
 
     saved = json.loads((out / "comparison.json").read_text())
     assert [r["name"] for r in saved["recipes"]] == ["grpo", "drgrpo"]
@@ -388,8 +390,9 @@ def test_compare_end_to_end_on_tiny_model(tiny_model_dir, tmp_path, monkeypatch)
     assert saved["equal_tokens_at"] == 150 and saved["recipes"][1]["vs_baseline"]["pass@1_at_budget"]["n"] == 1
 
     text = (out / "report.html").read_text()
-    # 6 curve panels (no eval JSON) + the prompt × step heat maps (pass rate, rollouts) from prompts.jsonl
-    assert text.count('src="data:image/png;base64,') == 8
+    # 8 curve panels (no eval JSON; the useful-token and unseen fractions among them) + the prompt × step
+    # heat maps (pass rate, rollouts) from prompts.jsonl
+    assert text.count('src="data:image/png;base64,') == 10
     assert "<td>grpo</td><td>1/1</td>" in text and "<td>drgrpo</td><td>1/1</td>" in text
 
     mtime = (out / "grpo" / "seed0" / "metrics.jsonl").stat().st_mtime_ns

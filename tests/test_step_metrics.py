@@ -40,6 +40,8 @@ def run(request, tiny_model_dir, tmp_path, monkeypatch):
 def test_signal_metrics_match_the_prompt_log(run):
     mode, rows, prompts = run
     stage2 = 0
+    sampled_so_far = useful_so_far = wasted_so_far = 0
+    pool_size = 36  # write_task's 40 problems less the 4 held out
     for row in rows:
         step = [p for p in prompts if p["step"] == row["step"]]
         n = np.array([p["n"] for p in step])
@@ -56,6 +58,24 @@ def test_signal_metrics_match_the_prompt_log(run):
         tokens = [sum(p["lengths"]) for p in step]
         expected = sum(t for t, m in zip(tokens, mixed, strict=True) if m) / sum(tokens)
         assert row["effective_token_fraction"] == pytest.approx(expected)
+        # the same tokens as counts: sampled, useful (mixed groups), wasted (groups with equal rewards)
+        assert row["tokens/sampled"] == sum(tokens)
+        assert row["tokens/useful"] == sum(t for t, m in zip(tokens, mixed, strict=True) if m)
+        assert row["tokens/zero_variance"] == sum(t for t, m in zip(tokens, mixed, strict=True) if not m)
+        sampled_so_far += sum(tokens)
+        useful_so_far += row["tokens/useful"]
+        wasted_so_far += row["tokens/zero_variance"]
+        assert row["tokens/useful_cumulative"] == useful_so_far
+        assert row["tokens/zero_variance_cumulative"] == wasted_so_far
+        assert row["effective_token_fraction_cumulative"] == pytest.approx(useful_so_far / sampled_so_far)
+        assert row["zero_variance_token_fraction_cumulative"] == pytest.approx(wasted_so_far / sampled_so_far)
+        if mode == "dars":  # (partial mode's groups may be of prompts chosen in earlier steps)
+            # what the store knew of the step's prompts before it: visits in earlier steps of the log
+            earlier = [q["prompt_id"] for q in prompts if q["step"] < row["step"]]
+            visits = [earlier.count(q["prompt_id"]) for q in step]
+            assert row["selected/unseen_fraction"] == pytest.approx(np.mean([v == 0 for v in visits]))
+            assert row["selected/visits_mean"] == pytest.approx(np.mean(visits))
+            assert row["pool/visited_fraction"] == pytest.approx(len(set(earlier)) / pool_size)
         if mode == "dars":
             assert row["step_rollouts"] == n.sum() and row["step_tokens"] == sum(tokens)
         stage2 += row.get("allocate/stage2_rollouts", 0)

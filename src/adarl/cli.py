@@ -89,10 +89,10 @@ def train(
     report = Path(target) / "report.html"
     if report.is_file():
         typer.echo(f"report: {report}")
-    from adarl.metrics.health import check
-    from adarl.runs import read_metrics
+    from adarl.metrics.health import check, selector_of
+    from adarl.runs import read_config, read_metrics
 
-    for flag in check(read_metrics(Path(target))):
+    for flag in check(read_metrics(Path(target)), selector=selector_of(read_config(Path(target)))):
         typer.secho(f"health: {flag}", fg=typer.colors.YELLOW)
 
 

@@ -21,6 +21,11 @@ step gets what is left), so its last eval lies at or just short of B.
   losses / ties. A recipe is called better or worse only when that interval excludes 0
   (`adarl.stats.paired`); otherwise "no winner".
 - run health flags (`adarl.metrics.health`), per run.
+- the mechanism diagnostics (`MECHANISM`), per recipe the mean over its finished seeds of each
+  run's value: how much of what the selector chose it had never seen, how often it came back to
+  a prompt, how much of the pool the run saw, the tokens wasted on groups with equal rewards and
+  the useful-token fraction over the run, and the final held-out pass@1 of each share of a mixed
+  task (``eval/pass@1/<share>``).
 """
 
 from __future__ import annotations
@@ -38,6 +43,13 @@ from adarl.stats import mean_ci, paired, wilson
 
 PASS1 = "eval/pass@1"
 TARGET_GAIN = 0.1
+# the mechanism diagnostics of a run: (column, metrics key, over the training rows: "mean" or "last")
+MECHANISM = (("unseen fraction", "selected/unseen_fraction", "mean"),
+             ("visits per selected prompt", "selected/visits_mean", "mean"),
+             ("pool visited", "pool/visited_fraction", "last"),
+             ("selected pass estimate", "selected/pass_estimate_mean", "mean"),
+             ("wasted token fraction", "zero_variance_token_fraction_cumulative", "last"),
+             ("useful-token fraction", "effective_token_fraction_cumulative", "last"))
 
 # ---------------------------------------------------------------- curves
 
@@ -90,14 +102,32 @@ class RunSummary:
     curve: list[tuple[int, float]] | None = None  # (tokens, eval/pass@1), in step order
     n_eval: int | None = None  # held-out problems per eval
     flags: list[str] = field(default_factory=list)  # run health (adarl.metrics.health)
+    mechanism: dict[str, float] = field(default_factory=dict)  # MECHANISM's columns, and pass@1 per share
 
     @property
     def start(self) -> float | None:
         return self.curve[0][1] if self.curve else None
 
 
+def mechanism(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """A run's `MECHANISM` diagnostics (the keys it logs) and its last held-out pass@1 per share."""
+    from adarl.metrics.health import series
+
+    out: dict[str, float] = {}
+    for column, key, how in MECHANISM:
+        _, values = series(rows, key)
+        if values.size:
+            out[column] = float(values.mean() if how == "mean" else values[-1])
+    shares = sorted({k for r in rows for k in r if k.startswith(PASS1 + "/")})
+    for key in shares:
+        _, values = series(rows, key)
+        if values.size:
+            out[f"final pass@1 {key[len(PASS1) + 1:]}"] = float(values[-1])
+    return out
+
+
 def summarize_run(run_dir: Path, seed: int | None = None) -> RunSummary:
-    from adarl.metrics.health import check
+    from adarl.metrics.health import check, selector_of
 
     run = load_run(Path(run_dir), seed, prompts=False)
     rows, finished, run_dir = run.rows, run.finished, run.dir
@@ -112,7 +142,8 @@ def summarize_run(run_dir: Path, seed: int | None = None) -> RunSummary:
     s.curve = [(int(r.get("tokens") or 0), float(r[PASS1])) for r in rows if r.get(PASS1) is not None]
     if finished and last.get(PASS1) is not None:
         s.final_pass1 = float(last[PASS1])
-    s.flags = [str(f) for f in check(rows)]
+    s.flags = [str(f) for f in check(rows, selector=selector_of(run.config))]
+    s.mechanism = mechanism(rows)
     return s
 
 
@@ -185,6 +216,8 @@ def aggregate(groups: dict[str, list[RunSummary]], target: float | None = None,
             "steps": mean_ci([r.steps for r in finished]),
             "wall_s": mean_ci([r.wall_s for r in finished]),
             "flagged_runs": sum(bool(p["flags"]) for p in per_run),
+            "mechanism": {column: mean_ci([r.mechanism.get(column) for r in finished])
+                          for column in dict.fromkeys(c for r in finished for c in r.mechanism)},
             "runs": per_run,
         })
     by_name = {r["name"]: r for r in recipes}
@@ -343,6 +376,20 @@ def seed_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
+def mechanism_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the mechanism diagnostics per recipe (mean over finished seeds; none logged: no rows)."""
+    columns = list(dict.fromkeys(c for r in result["recipes"] for c in r.get("mechanism", {})))
+    if not columns:
+        return ["recipe"], []
+
+    def cell(stat: dict[str, Any] | None, column: str) -> str:  # diagnostics: the mean, no interval
+        digits = 2 if column.startswith("visits") else 3
+        return "-" if stat is None or stat["mean"] is None else f"{stat['mean']:.{digits}f}"
+
+    rows = [[r["name"], *(cell(r["mechanism"].get(c), c) for c in columns)] for r in result["recipes"]]
+    return ["recipe", *columns], rows
+
+
 def _rich_table(title: str, header: list[str], rows: list[list[str]]):
     from rich.table import Table
 
@@ -369,6 +416,9 @@ def tables(result: dict[str, Any]) -> list:
     if rows:
         out.append(_rich_table(f"against the baseline {result['baseline']} (same seed, same held-out problems)",
                                header, rows))
+    header, rows = mechanism_rows(result)
+    if rows:
+        out.append(_rich_table("mechanism (mean over seeds)", header, rows))
     header, rows = seed_rows(result)
     out.append(_rich_table("per run", header, rows))
     return out
@@ -382,5 +432,9 @@ NOTES = (
     "the seeds that reached it. Intervals over seeds are 95% Student-t, mean ± t(0.975, n−1)·s/√n. Δ: per seed, "
     "the recipe minus the baseline with the same seed; W/L/T counts seeds. A recipe is called better or worse "
     "only when the interval of Δ excludes 0. A run's own pass@1 carries the Wilson 95% interval of a "
-    "proportion on its n held-out problems. Only finished runs count."
+    "proportion on its n held-out problems. Only finished runs count. Mechanism: per run, the unseen fraction "
+    "(prompts chosen before any visit), visits per selected prompt and the selected pass estimate are means "
+    "over its steps; the pool visited, the wasted token fraction (tokens of groups with equal rewards over "
+    "tokens sampled) and the useful-token fraction (tokens trained with a non-zero advantage over tokens "
+    "sampled) are over the whole run."
 )

@@ -95,6 +95,17 @@ class ModelConfig(Section):
 TASK_SOURCES = ("reasoning_gym", "jsonl", "humaneval", "hf_datasets", "sql", "retrieval")
 
 
+class MixtureShare(Section):
+    """One share of a mixed-difficulty task (task.mixture): `size` training and `eval_size` held-out
+    problems from a reasoning-gym generator, labelled `share` (problems carry it in columns["share"])."""
+
+    share: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")  # e.g. easy; a metric key part
+    name: str  # the reasoning-gym generator
+    params: dict[str, Any] = {}
+    size: int = Field(gt=0, le=10_000_000)
+    eval_size: int = Field(ge=0, le=10_000_000)
+
+
 class TaskConfig(Section):
     # a built-in source, or "package.module:function" returning a list of Problems (or a TaskSource)
     source: str = "reasoning_gym"
@@ -109,6 +120,9 @@ class TaskConfig(Section):
     # reasoning_gym
     name: str | None = None  # generator name, e.g. basic_arithmetic
     params: dict[str, Any] = {}
+    # or a mixed-difficulty pool: shares from different generators (tasks/mixture.py); size and
+    # eval_size are then the sums of the shares'
+    mixture: list[MixtureShare] | None = None
     size: int = Field(2000, gt=0, le=10_000_000)  # distinct training problems (held-out ones drawn besides)
     # jsonl
     path: str | None = None
@@ -156,9 +170,37 @@ class TaskConfig(Section):
         data["data_seed"] = seed
         return data
 
+    @model_validator(mode="before")
+    @classmethod
+    def _mixture_sizes(cls, data: Any) -> Any:
+        """With task.mixture, task.size and task.eval_size are the sums of its shares' (given, they must agree)."""
+        if not isinstance(data, dict) or not isinstance(data.get("mixture"), list):
+            return data
+        data = dict(data)
+        for key in ("size", "eval_size"):
+            values = [m.get(key) if isinstance(m, dict) else getattr(m, key, None) for m in data["mixture"]]
+            if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+                continue  # the share's own validation names the bad value
+            total = sum(values)
+            if key in data and data[key] != total:
+                raise ValueError(f"task.{key} is {data[key]} but the task.mixture shares' {key}s add up to {total}: "
+                                 f"leave task.{key} out (it is their sum) or make them agree")
+            data[key] = total
+        return data
+
     @model_validator(mode="after")
     def _check(self) -> TaskConfig:
-        if self.source == "reasoning_gym" and not self.name:
+        if self.mixture is not None:
+            if self.source != "reasoning_gym":
+                raise ValueError(f"task.mixture needs task.source 'reasoning_gym' (got {self.source!r})")
+            if self.name or self.params:
+                raise ValueError("task.mixture names its generators per share: leave task.name and task.params out")
+            if not self.mixture:
+                raise ValueError("task.mixture is empty: list at least one share {share, name, size, eval_size}")
+            labels = [m.share for m in self.mixture]
+            if len(set(labels)) != len(labels):
+                raise ValueError(f"task.mixture: share labels must differ (got {', '.join(labels)})")
+        elif self.source == "reasoning_gym" and not self.name:
             raise ValueError("task.name is required for source 'reasoning_gym' (e.g. basic_arithmetic)")
         if self.source == "jsonl":
             if not self.path:

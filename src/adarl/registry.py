@@ -26,7 +26,8 @@ STRICT = ConfigDict(extra="forbid", arbitrary_types_allowed=True, allow_inf_nan=
 
 _REGISTRY: dict[str, dict[str, type]] = {stage: {} for stage in STAGES}
 _BUILTINS = {
-    "select": ["adarl.select.uniform", "adarl.select.vade", "adarl.select.gdro", "adarl.select.curriculum"],
+    "select": ["adarl.select.uniform", "adarl.select.vade", "adarl.select.gdro", "adarl.select.curriculum",
+               "adarl.select.feature_prior"],
     "allocate": ["adarl.allocate.fixed", "adarl.allocate.dapo", "adarl.allocate.dars", "adarl.allocate.xrpo",
                  "adarl.allocate.gdro", "adarl.allocate.roc", "adarl.allocate.pilot_commit"],
     "shaping": ["adarl.shaping.overlong", "adarl.shaping.length_penalty", "adarl.shaping.fapo", "adarl.shaping.hbpo"],

@@ -432,6 +432,7 @@ def run_summary(run: Run) -> str:
     train = [r for r in run.rows if r.get("reward") is not None]
     if train:
         rows.append(["training reward (last step)", _fmt(train[-1]["reward"])])
+    rows += [[column, _fmt(value)] for column, value in s.mechanism.items()]
     rows.append(["health", "; ".join(s.flags) or "no flags"])
     return _table(["", ""], rows, ["flagged" if i == len(rows) - 1 and s.flags else "" for i in range(len(rows))])
 
@@ -484,7 +485,7 @@ def rollouts_section(groups: list[Group]) -> str:
 
 
 def summary_table(path: Path, groups: list[Group], comparison: bool) -> str:
-    from adarl.comparison import NOTES, paired_rows, summary_rows
+    from adarl.comparison import NOTES, mechanism_rows, paired_rows, summary_rows
 
     if not comparison:
         return run_summary(groups[0].runs[0])
@@ -496,6 +497,9 @@ def summary_table(path: Path, groups: list[Group], comparison: bool) -> str:
         out += (f"<p class=note>Against the baseline {html.escape(str(result['baseline']))}: per seed, this "
                 f"recipe minus the baseline's run with the same seed (same held-out problems).</p>"
                 + _table(p_header, p_rows))
+    m_header, m_rows = mechanism_rows(result)
+    if m_rows:
+        out += "<p class=note>Mechanism diagnostics, the mean over each recipe's seeds:</p>" + _table(m_header, m_rows)
     return out + f"<p class=note>{html.escape(NOTES)}</p>"
 
 
@@ -538,6 +542,11 @@ def _safe(fn: Callable[[], Any], default: Any) -> Any:
         return default(err)
 
 
+def _logs(groups: list[Group], key: str) -> bool:
+    """Whether any run of the groups logs `key`."""
+    return any(key in row for g in groups for r in g.runs for row in r.rows)
+
+
 def render(path: Path) -> str:
     """The HTML of the report for a run or comparison directory."""
     path = Path(path)
@@ -568,6 +577,13 @@ def render(path: Path) -> str:
         panel("Zero-variance group fraction vs generated tokens",
               lambda: (_curve_panel(groups, "zero_variance_fraction", "fraction of groups with equal rewards"),
                        "Groups whose rollouts all scored the same carry no policy gradient.")),
+        *([panel("Useful-token fraction vs generated tokens",  # runs before issue 38 log neither
+                 lambda: (_curve_panel(groups, "effective_token_fraction_cumulative", "useful tokens / sampled tokens"),
+                          "Over the run so far: tokens trained with a non-zero advantage over tokens sampled.")),
+           panel("Unseen fraction of the selected prompts vs generated tokens",
+                 lambda: (_curve_panel(groups, "selected/unseen_fraction", "fraction never seen before"),
+                          "Above one half on average a selector has little to act on (health: nothing_to_act_on)."))]
+          if _logs(groups, "effective_token_fraction_cumulative") else []),
         panel("Rollouts per prompt vs generated tokens",
               lambda: (_curve_panel(groups, "", "rollouts per prompt", transform=_rollouts_per_prompt),
                        "Mean over the step's prompts" + (" (prompts.jsonl)." if any(

@@ -12,6 +12,11 @@ Each check returns a `Flag` naming the metric, what happened and the step where 
   fitted value, relative). It began at the window's lowest value (the earliest, on a tie).
 - ``entropy_collapse``: the last logged ``entropy`` is below `entropy_fraction` (0.1) of its start,
   the mean of the first three logged values. It began at the first step of the final stretch below.
+- ``nothing_to_act_on``: an adaptive selector (any but ``uniform``) whose ``selected/unseen_fraction``
+  averaged over the training steps is above `unseen_fraction` (0.5): most prompts it chose it had never
+  seen, so it had no difficulty estimate to act on and behaved like uniform selection. Flagged from
+  the first training step. A pool far larger than the budget's visits does this; a smaller pool, or
+  a selector that predicts unseen prompts (select/feature_prior.py), does not.
 """
 
 from __future__ import annotations
@@ -33,11 +38,12 @@ class Thresholds:
     truncated_rise: float = 0.05
     length_rise: float = 0.2
     entropy_fraction: float = 0.1
+    unseen_fraction: float = 0.5
 
 
 @dataclass(frozen=True)
 class Flag:
-    kind: str  # eval_below_start | rising | entropy_collapse
+    kind: str  # eval_below_start | rising | entropy_collapse | nothing_to_act_on
     metric: str
     step: int  # where it began
     detail: str
@@ -108,8 +114,33 @@ def entropy_collapse(rows: Sequence[dict[str, Any]], t: Thresholds = Thresholds(
                 f"collapsed to {e[-1]:.3g}, below {t.entropy_fraction:.0%} of its start {start:.3g}")
 
 
-def check(rows: Sequence[dict[str, Any]], t: Thresholds = Thresholds()) -> list[Flag]:
-    """Every flag of a run, in the order: eval, truncation, length, entropy."""
+UNSEEN_KEY = "selected/unseen_fraction"
+NON_ADAPTIVE = ("uniform",)  # selectors that read nothing from the store: unseen prompts are no problem
+
+
+def nothing_to_act_on(rows: Sequence[dict[str, Any]], selector: str | None,
+                      t: Thresholds = Thresholds()) -> Flag | None:
+    if selector is None or selector in NON_ADAPTIVE:
+        return None
+    steps, unseen = series(rows, UNSEEN_KEY)
+    if unseen.size == 0 or not unseen.mean() > t.unseen_fraction:
+        return None
+    return Flag("nothing_to_act_on", UNSEEN_KEY, int(steps[0]),
+                f"the selector had nothing to act on: {unseen.mean():.2f} of the prompts it chose were unseen, "
+                f"on average (above {t.unseen_fraction:g}); use a smaller pool or more tokens, or a selector "
+                "that predicts unseen prompts (select: feature_prior)")
+
+
+def selector_of(config: dict[str, Any]) -> str | None:
+    """The selector's name in a run's config.yaml (None when it names none)."""
+    select = config.get("select")
+    name = select.get("name") if isinstance(select, dict) else None
+    return name if isinstance(name, str) else None
+
+
+def check(rows: Sequence[dict[str, Any]], t: Thresholds = Thresholds(), selector: str | None = None) -> list[Flag]:
+    """Every flag of a run, in the order: eval, truncation, length, entropy, selection (`selector`: the
+    run's selector by name, `selector_of(config)`; None skips the selection check)."""
     found = [eval_below_start(rows, t), rising(rows, "truncated_fraction", t), rising(rows, "response_length", t),
-             entropy_collapse(rows, t)]
+             entropy_collapse(rows, t), nothing_to_act_on(rows, selector, t)]
     return [f for f in found if f is not None]

@@ -4,6 +4,10 @@ A step may generate and verify in several stages (DARS, DAPO refills). Counts an
 (`add`); averages over rollouts are averages over every stage, weighted by how many rollouts each
 stage scored (`mean`); a description of the latest state replaces the previous one (`set`,
 plain item assignment).
+
+`RunTotals` adds the step's token counts over the run (checkpointed with the trainer), for the
+cumulative fractions a run is judged by: the useful-token fraction (tokens that train with a
+non-zero advantage over tokens sampled) and the tokens wasted on zero-variance groups.
 """
 
 from __future__ import annotations
@@ -55,6 +59,8 @@ def batch_metrics(generated: list[Group], batch: Batch) -> dict[str, Any]:
     rollouts = [r for g in generated for r in g.rollouts]
     sizes = np.array([g.size for g in generated])
     return {
+        # sampled tokens of groups whose rewards are all equal: no GRPO signal, wasted
+        "tokens/zero_variance": sum(len(r) for g in generated if g.zero_variance for r in g.rollouts),
         "reward": float(np.concatenate([g.reward for g in generated]).mean()),
         "pass_rate": float(np.concatenate([g.correct for g in generated]).mean()),
         "zero_variance_fraction": float(np.mean([g.zero_variance for g in generated])),
@@ -68,3 +74,33 @@ def batch_metrics(generated: list[Group], batch: Batch) -> dict[str, Any]:
         "rollouts_per_prompt_hist": {str(n): int(c) for n, c in zip(*np.unique(sizes, return_counts=True),
                                                                      strict=True)},
     }
+
+
+class RunTotals:
+    """Token counts of every step so far, and the cumulative fractions they give.
+
+    Per step the trainer records ``tokens/sampled`` (tokens of the step's groups), ``tokens/useful``
+    (those that train with a non-zero advantage) and ``tokens/zero_variance`` (those of groups with
+    equal rewards); `update` adds them up and returns the run's totals and fractions so far.
+    """
+
+    SUMMED = ("tokens/sampled", "tokens/useful", "tokens/zero_variance")
+
+    def __init__(self) -> None:
+        self.sums = dict.fromkeys(self.SUMMED, 0.0)
+
+    def update(self, step: dict[str, Any]) -> dict[str, float]:
+        for key in self.SUMMED:
+            self.sums[key] += float(step.get(key, 0.0))
+        sampled = self.sums["tokens/sampled"]
+        return {"tokens/useful_cumulative": self.sums["tokens/useful"],
+                "tokens/zero_variance_cumulative": self.sums["tokens/zero_variance"],
+                "effective_token_fraction_cumulative": self.sums["tokens/useful"] / sampled if sampled else 0.0,
+                "zero_variance_token_fraction_cumulative":
+                    self.sums["tokens/zero_variance"] / sampled if sampled else 0.0}
+
+    def state_dict(self) -> dict[str, float]:
+        return dict(self.sums)
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.sums = {key: float(state.get(key, 0.0)) for key in self.SUMMED}

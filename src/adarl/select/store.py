@@ -5,6 +5,7 @@ step), read by selectors and allocators. Per prompt:
 
   alpha, beta      Beta posterior of the success probability (VADE §2.3), prior Beta(1, 1)
   trials, successes  lifetime rollout and success counts
+  visits           steps in which the prompt got a group (lifetime)
   last_step        step the prompt was last trained on (−1 = never)
   ema_pass         EMA of the group pass rate (NaN until seen)
   last_n, last_c   size and successes of its latest group (pass@k difficulty, GDRO §2.4)
@@ -15,6 +16,9 @@ VADE's two-scale prior decay is applied here: the short scale shrinks a prompt's
 evidence each time it is used, the long scale pulls the evidence of prompts unseen for Δt
 steps back toward the prior. The long scale is applied lazily, when a prompt is read or
 updated, so a step costs O(prompts touched), not O(store size).
+
+`problems` (optional, not checkpointed: the task rebuilds them) are the prompts themselves, for
+selectors that read what is known before sampling (their columns and text: select/feature_prior.py).
 """
 
 from __future__ import annotations
@@ -24,18 +28,22 @@ from typing import Any
 
 import numpy as np
 
-from adarl.types import Group
+from adarl.types import Group, Problem
 
-_ARRAYS = ("alpha", "beta", "trials", "successes", "last_step", "ema_pass", "last_n", "last_c",
+_ARRAYS = ("alpha", "beta", "trials", "successes", "visits", "last_step", "ema_pass", "last_n", "last_c",
            "reward_n", "reward_mean", "reward_m2", "mean_length", "rung")
 # the ladder's rungs, lowest first: the highest one a prompt's group reached in its latest step
 RUNGS = ("plain", "more", "hinted", "distilled")
 
 
 class DifficultyStore:
-    def __init__(self, ids: list[str], gamma_short: float = 1.0, gamma_long: float = 1.0, ema: float = 0.5):
+    def __init__(self, ids: list[str], gamma_short: float = 1.0, gamma_long: float = 1.0, ema: float = 0.5,
+                 problems: list[Problem] | None = None):
         n = len(ids)
         self.ids = list(ids)
+        if problems is not None and [p.id for p in problems] != self.ids:
+            raise ValueError("the store's problems must be its ids' problems, in the same order")
+        self.problems = problems
         self.index = {pid: i for i, pid in enumerate(self.ids)}
         self.gamma_short = gamma_short  # 1.0 = no decay (the default unless a selector asks for it)
         self.gamma_long = gamma_long
@@ -44,6 +52,7 @@ class DifficultyStore:
         self.beta = np.ones(n)
         self.trials = np.zeros(n, dtype=np.int64)
         self.successes = np.zeros(n, dtype=np.int64)
+        self.visits = np.zeros(n, dtype=np.int64)
         self.last_step = np.full(n, -1, dtype=np.int64)
         self.ema_pass = np.full(n, np.nan)
         self.last_n = np.zeros(n, dtype=np.int64)
@@ -96,6 +105,7 @@ class DifficultyStore:
             if self.last_step[i] != step:
                 a = 1.0 + self.gamma_short * (a - 1.0)
                 b = 1.0 + self.gamma_short * (b - 1.0)
+                self.visits[i] += 1
             self.alpha[i], self.beta[i] = a[0] + c, b[0] + (n - c)
             self.trials[i] += n
             self.successes[i] += int(c)
@@ -120,13 +130,18 @@ class DifficultyStore:
     # ---------------------------------------------------------------- state
 
     def selection_metrics(self, chosen: list[int]) -> dict[str, float]:
-        """The difficulty (posterior-mean pass rate) of the prompts `chosen` (indices), before this step."""
-        p = self.pass_estimate(np.asarray(chosen, dtype=np.int64))
+        """What the store knew of the prompts `chosen` (indices) before this step: their difficulty
+        (posterior-mean pass rate), the fraction never trained on (a selector can only act on prompts
+        it has seen), their mean number of earlier visits; and the fraction of the pool visited so far."""
+        idx = np.asarray(chosen, dtype=np.int64)
+        p = self.pass_estimate(idx)
         q25, q50, q75 = np.quantile(p, [0.25, 0.5, 0.75]) if len(p) else (np.nan,) * 3
         return {"selected/pass_estimate_mean": float(p.mean()) if len(p) else float("nan"),
                 "selected/pass_estimate_q25": float(q25), "selected/pass_estimate_q50": float(q50),
                 "selected/pass_estimate_q75": float(q75),
-                "selected/unseen_fraction": float(np.mean(self.last_step[chosen] < 0)) if chosen else 0.0}
+                "selected/unseen_fraction": float(np.mean(self.last_step[idx] < 0)) if len(idx) else 0.0,
+                "selected/visits_mean": float(self.visits[idx].mean()) if len(idx) else 0.0,
+                "pool/visited_fraction": float(np.mean(self.last_step >= 0)) if len(self) else 0.0}
 
     def state_dict(self) -> dict[str, Any]:
         state = {name: getattr(self, name).copy() for name in _ARRAYS}
@@ -141,6 +156,8 @@ class DifficultyStore:
         for name in _ARRAYS:
             if name in state:  # (checkpoints before the ladder have no rung: it stays at plain)
                 setattr(self, name, np.array(state[name]))
+        if "visits" not in state:  # checkpoints before issue 38: at least one visit for every prompt seen
+            self.visits = (self.last_step >= 0).astype(np.int64)
         self.step = state["step"]
         # checkpoints before the typed field kept the weights in an untyped "extra" dict
         weights = state.get("gdro_weights", state.get("extra", {}).get("gdro_weights"))

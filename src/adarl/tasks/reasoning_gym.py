@@ -109,16 +109,14 @@ def to_problem(item: dict[str, Any], cfg: TaskConfig) -> Problem:
     )
 
 
-def load_reasoning_gym(cfg: TaskConfig, data_seed: int) -> TaskSource:
-    """One pool of distinct generator items for `cfg.name`, split into training and held-out eval."""
-    name = cfg.name
-    if not name:
-        raise ValueError("task.name is required for source 'reasoning_gym' (e.g. basic_arithmetic)")
-    wanted = cfg.size + cfg.eval_size
+def distinct_problems(name: str, params: dict[str, Any], wanted: int, seed: int, cfg: TaskConfig,
+                      taken: set[str] | frozenset[str] = frozenset()) -> list[Problem]:
+    """Up to `wanted` distinct problems of generator `name` (none whose id is in `taken`), in at most
+    `pool_attempts(wanted)` draws seeded by `seed`."""
     attempts = pool_attempts(wanted)
-    ds = _create(name, dict(cfg.params), size=attempts, seed=derive_seed(data_seed, "pool"))
+    ds = _create(name, dict(params), size=attempts, seed=seed)
     pool: list[Problem] = []
-    seen: set[str] = set()
+    seen = set(taken)
     for i in range(attempts):
         p = to_problem(ds[i], cfg)
         if p.id not in seen:
@@ -126,6 +124,21 @@ def load_reasoning_gym(cfg: TaskConfig, data_seed: int) -> TaskSource:
             pool.append(p)
             if len(pool) == wanted:
                 break
+    return pool
+
+
+def load_reasoning_gym(cfg: TaskConfig, data_seed: int) -> TaskSource:
+    """One pool of distinct generator items for `cfg.name`, split into training and held-out eval
+    (or, with `cfg.mixture`, one per share: tasks/mixture.py)."""
+    if cfg.mixture is not None:
+        from adarl.tasks.mixture import load_mixture
+
+        return load_mixture(cfg, data_seed)
+    name = cfg.name
+    if not name:
+        raise ValueError("task.name is required for source 'reasoning_gym' (e.g. basic_arithmetic)")
+    attempts = pool_attempts(cfg.size + cfg.eval_size)
+    pool = distinct_problems(name, cfg.params, cfg.size + cfg.eval_size, derive_seed(data_seed, "pool"), cfg)
     if len(pool) <= cfg.eval_size:
         raise ValueError(
             f"reasoning_gym generator '{name}' gave only {len(pool)} distinct problems in {attempts} draws "

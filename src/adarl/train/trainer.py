@@ -29,7 +29,7 @@ from adarl.config import AdaptiveTemperature, Recipe, resolve_backend
 from adarl.evaluate import score_problems
 from adarl.hints.base import hint_rung, hinted
 from adarl.metrics.sinks import RunLogs
-from adarl.metrics.step import StepMetrics, batch_metrics
+from adarl.metrics.step import RunTotals, StepMetrics, batch_metrics
 from adarl.metrics.trackers import check_trackers
 from adarl.models import chat_ids, load_model, load_reference, peak_memory_gib
 from adarl.rewards import Rewards
@@ -38,6 +38,7 @@ from adarl.rollout.scheduler import COUNTS, RolloutScheduler
 from adarl.select.store import RUNGS, DifficultyStore
 from adarl.shaping.base import apply_shapings
 from adarl.tasks.base import build_task
+from adarl.tasks.mixture import pass1_by_share
 from adarl.tokens.base import effective_tokens, weigh_tokens
 from adarl.tokens.entropy import EntropyObserver
 from adarl.train.checkpoint import crash_point
@@ -109,7 +110,9 @@ class Trainer:
                                recipe.cluster.address)
         self.budget = Budget(recipe.budget.max_tokens, recipe.budget.tokens_per_step,
                              recipe.budget.rollouts_per_step, expected_length=recipe.rollout.max_new_tokens)
-        self.store = DifficultyStore([p.id for p in self.task.train], *self.selector.store_decay())
+        self.store = DifficultyStore([p.id for p in self.task.train], *self.selector.store_decay(),
+                                     problems=self.task.train)
+        self.totals = RunTotals()  # token counts over the run, for the cumulative fractions
         self.problems_by_id = {p.id: p for p in self.task.train}
         self.np_rng = np.random.default_rng(recipe.seed)
         teacher = None if recipe.distill is None else Teacher(
@@ -154,6 +157,7 @@ class Trainer:
                                       self.np_rng)
         problems = {p.id: p for p in (self.task.train[i] for i in chosen)}
         metrics.update(self.store.selection_metrics(chosen))
+        metrics.update({f"select/{key}": value for key, value in self.selector.metrics().items()})
         groups: dict[str, Group] = {}
         counts, first_stage = self.allocator.plan(list(problems.values()), self.store, self.budget), True
         topped_up: set[str] = set()  # prompts a later allocator stage gave more rollouts
@@ -180,6 +184,7 @@ class Trainer:
         t0 = time.perf_counter()
         self.learn(batch, metrics, foreign)
         metrics["train_s"] = time.perf_counter() - t0
+        metrics.update(self.totals.update(metrics))
         t0 = time.perf_counter()
         self.learner.publish(self.model)  # sharded: gathered into rank 0's full copy
         self.generator.update_weights()
@@ -257,22 +262,24 @@ class Trainer:
         """Advantages, token weights and the policy update of a verified batch (`foreign`: the groups
         in it that other trainers sampled, SAPO)."""
         self.last_advantages = {}
+        # the tokens of this step's groups (partial mode reuses tokens of earlier steps) and of the
+        # foreign groups it trains on; useful: those that train with a non-zero advantage
+        metrics["tokens/sampled"] = sampled = sum(len(r) for g in [*self.last_groups, *foreign] for r in g.rollouts)
         if not batch.groups:  # every group was filtered out: nothing to learn from this step
-            metrics["effective_token_fraction"] = 0.0
+            metrics["tokens/useful"], metrics["effective_token_fraction"] = 0, 0.0
             return
         batch.advantages = self.estimator(batch)
         weights, token_metrics = weigh_tokens(self.token_weightings, batch, self.progress())
         metrics.update(token_metrics)
-        # over the same tokens: those of this step's groups (partial mode reuses tokens of earlier steps)
-        # and of the foreign groups it trains on
-        sampled = sum(len(r) for g in [*self.last_groups, *foreign] for r in g.rollouts)
-        metrics["effective_token_fraction"] = effective_tokens(batch, weights) / max(sampled, 1)
+        metrics["tokens/useful"] = useful = effective_tokens(batch, weights)
+        metrics["effective_token_fraction"] = useful / max(sampled, 1)
         crash_point("backward", self.step + 1)
         metrics.update(self.learner.update(batch, weights))
         self.last_advantages = {id(r): float(a) for r, a in zip(batch.rollouts, batch.advantages, strict=True)}
 
     def evaluate(self) -> dict[str, float]:
-        """Held-out greedy pass@1 and length (and pass@k / mean@k over `eval.samples` samples)."""
+        """Held-out greedy pass@1 (overall, and per share of a mixed task) and length (and pass@k /
+        mean@k over `eval.samples` samples)."""
         crash_point("eval", self.step)
         cfg = self.recipe.eval
         problems = self.task.eval[: cfg.size] if cfg.size else self.task.eval
@@ -285,7 +292,8 @@ class Trainer:
                                  label="eval", progress=self.recipe.log.progress and sys.stderr.isatty())
         self.generator.rng.set_state(rng_state)
         out = {"eval/pass@1": float(np.mean([r.greedy for r in results])),
-               "eval/length": float(np.mean([r.greedy_length for r in results]))}
+               "eval/length": float(np.mean([r.greedy_length for r in results])),
+               **pass1_by_share(problems, [r.greedy for r in results])}  # a mixed task's shares
         if cfg.samples:
             out[f"eval/mean@{cfg.samples}"] = float(np.mean([r.c / r.n for r in results]))
             out[f"eval/pass@{cfg.samples}"] = float(np.mean([r.c > 0 for r in results]))
@@ -302,6 +310,7 @@ class Trainer:
 
     def state_dict(self) -> dict[str, Any]:
         return {"step": self.step, "budget": self.budget.state_dict(), "store": self.store.state_dict(),
+                "totals": self.totals.state_dict(),
                 "components": {name: c.state_dict() for name, c in self.components().items()},
                 "generator": self.generator.state_dict(), "rollout_scheduler": self.rollouts.state_dict(),
                 **self.learner.state_dict(), "np_rng": self.np_rng.bit_generator.state,
@@ -311,6 +320,7 @@ class Trainer:
         self.step, self.wall_offset = state["step"], state["wall_s"]
         self.budget.load_state_dict(state["budget"])
         self.store.load_state_dict(state["store"])
+        self.totals.load_state_dict(state.get("totals", {}))  # checkpoints before issue 38 have none
         # checkpoints written before "components" held the selector's and the allocator's state only
         saved = state.get("components") or {"selector": state["selector"], "allocator": state["allocator"]}
         for name, component in self.components().items():
