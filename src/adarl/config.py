@@ -192,7 +192,7 @@ class RewardConfig(Section):
     weight: float = 1.0
     correctness: bool | None = None  # counts as "correct" for pass rates; default: all but format
     # short_answer
-    extract: Literal["answer_tag", "boxed", "last_number"] = "last_number"
+    extract: Literal["answer_tag", "boxed", "last_number", "last_line"] = "last_number"
     match: Literal["exact", "numeric"] = "numeric"
     # format
     pattern: str | None = None  # a regex the completion must match (re.search); default: <answer> tags
