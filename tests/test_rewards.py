@@ -107,10 +107,17 @@ def test_extraction_is_fast_on_huge_adversarial_completions() -> None:
     ]
     start = time.perf_counter()
     for text in adversarial:
-        for mode in ("answer_tag", "boxed", "last_number"):
+        for mode in ("answer_tag", "boxed", "last_number", "last_line"):
             extract(text, mode)  # type: ignore[arg-type]
         short_answer.score(text, "1")
     assert time.perf_counter() - start < 2.0
+
+
+def test_last_line_is_the_last_non_empty_line():
+    # a SQL agent's final turn after a tool result: the answer is the whole last line
+    assert extract("The oldest is:\n  Cleo. \n\n", "last_line") == "Cleo."
+    assert match(extract("query gave 3 rows\nCleo.", "last_line"), "cleo", "exact")  # casefold, trailing period
+    assert extract(" \n\n", "last_line") is None
 
 
 @settings(max_examples=100, deadline=None, database=None)

@@ -12,6 +12,22 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="adarl: adaptive, budgeted RL post-training for language models.")
 
 
+def _version(value: bool) -> None:
+    if value:
+        from adarl import __version__
+
+        typer.echo(f"adarl {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="print adarl's version and exit")] = False,
+) -> None:
+    """adarl: adaptive, budgeted RL post-training for language models."""
+
+
 def _fail(message: str) -> None:
     typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
     raise typer.Exit(code=2)
@@ -36,7 +52,7 @@ def _run(loaded, target: Path, resume: bool) -> dict:
 
 @app.command()
 def train(
-    recipe: Annotated[str | None, typer.Argument(help="recipe YAML file")] = None,
+    recipe: Annotated[str | None, typer.Argument(help="recipe YAML file, or a built-in recipe's name")] = None,
     overrides: Annotated[list[str] | None, typer.Argument(help="dotted.key=value overrides")] = None,
     run_dir: Annotated[Path | None, typer.Option("--run-dir", help="where the run is written")] = None,
     resume: Annotated[Path | None, typer.Option("--resume", help="continue the run in this directory")] = None,

@@ -234,7 +234,7 @@ class RewardConfig(Section):
     weight: float = 1.0
     correctness: bool | None = None  # counts as "correct" for pass rates; default: all but format
     # short_answer
-    extract: Literal["answer_tag", "boxed", "last_number"] = "last_number"
+    extract: Literal["answer_tag", "boxed", "last_number", "last_line"] = "last_number"
     match: Literal["exact", "numeric"] = "numeric"
     # format
     pattern: str | None = None  # a regex the completion must match (re.search); default: <answer> tags
@@ -931,6 +931,20 @@ def parse_overrides(items: list[str]) -> list[tuple[str, Any]]:
     return out
 
 
+def builtin_recipes() -> list[str]:
+    """The names of the recipes that ship with adarl (`recipes/*.yaml`, in the wheel as `adarl/recipes/`)."""
+    folder = Path(__file__).parent / "recipes"
+    return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
+
+
+def builtin_recipe(name: str) -> Path | None:
+    """The shipped recipe called `name` (`quickstart`, or `quickstart.yaml`), else None."""
+    stem = name.removesuffix(".yaml")
+    if "/" in stem or "\\" in stem or stem not in builtin_recipes():
+        return None
+    return Path(__file__).parent / "recipes" / f"{stem}.yaml"
+
+
 def load_recipe(path: str | Path | None = None, overrides: Sequence[str] | dict[str, Any] | None = None,
                 data: dict[str, Any] | None = None) -> Recipe:
     """Read a recipe file (or a dict), apply dotted overrides, validate everything.
@@ -941,8 +955,11 @@ def load_recipe(path: str | Path | None = None, overrides: Sequence[str] | dict[
         if path is None:
             raise RecipeError("no recipe given")
         p = Path(path).expanduser()
+        if not p.is_file() and (shipped := builtin_recipe(str(path))) is not None:
+            p = shipped
         if not p.is_file():
-            raise RecipeError(f"recipe file not found: {path}")
+            raise RecipeError(f"recipe file not found: {path}" + (
+                f" (built-in recipes: {', '.join(builtin_recipes())})" if "/" not in str(path) else ""))
         data = _read_yaml(p, str(path)) or {}
     if not isinstance(data, dict):
         raise RecipeError(f"{path}: a recipe is a mapping of sections, got {type(data).__name__}")

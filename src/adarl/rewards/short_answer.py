@@ -12,7 +12,7 @@ import re
 from decimal import Decimal
 from typing import Literal
 
-ExtractMode = Literal["answer_tag", "boxed", "last_number"]
+ExtractMode = Literal["answer_tag", "boxed", "last_number", "last_line"]
 MatchMode = Literal["exact", "numeric"]
 
 MAX_CHARS = 10_000  # tail of a completion that is searched for the answer
@@ -47,7 +47,8 @@ def extract(completion: str, mode: ExtractMode = "last_number") -> str | None:
     - "answer_tag": the content of the last ``<answer>...</answer>``;
     - "boxed": the content of the last complete ``\\boxed{...}`` (nested braces balanced);
     - "last_number": the last number, normalised (``"-1,234.5"`` gives ``"-1234.5"``; a
-      trailing period is not part of it; a ``-`` right after a word or bracket is an operator).
+      trailing period is not part of it; a ``-`` right after a word or bracket is an operator);
+    - "last_line": the last non-empty line (a word answer, such as a name from a SQL query).
     """
     text = completion[-MAX_CHARS:]
     if mode == "answer_tag":
@@ -56,7 +57,10 @@ def extract(completion: str, mode: ExtractMode = "last_number") -> str | None:
         return _last_boxed(text)
     if mode == "last_number":
         return _last_number(text)
-    raise ValueError(f"unknown extract mode {mode!r}; choose answer_tag, boxed or last_number")
+    if mode == "last_line":
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        return lines[-1] if lines else None
+    raise ValueError(f"unknown extract mode {mode!r}; choose answer_tag, boxed, last_number or last_line")
 
 
 def _last_answer_tag(text: str) -> str | None:
