@@ -75,7 +75,11 @@ def stand_in_overrides(recipe_name: str, model_dir: Path, data: dict) -> dict:
         "task.eval_size": 2, "eval.every": 0, "eval.at_start": False, "checkpoint.every": 0,
         "log.trackers": [], "log.progress": False, "log.rollouts_every": 0,
     }
-    if recipe.task.source not in ("humaneval", "hf_datasets"):
+    if recipe.task.mixture:  # a mixed pool: its shares' sizes are the task's, cut each share instead
+        over.pop("task.eval_size")
+        over["task.mixture"] = [{**share.model_dump(exclude_none=True), "size": 6, "eval_size": 1}
+                                for share in recipe.task.mixture]
+    elif recipe.task.source not in ("humaneval", "hf_datasets"):
         over["task.size"] = 16
     allocate = recipe.allocate if isinstance(recipe.allocate, dict) else recipe.allocate.model_dump()
     if "n" in allocate:
