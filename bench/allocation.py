@@ -27,31 +27,8 @@ from pathlib import Path
 import numpy as np
 
 from equal_budget import CHAIN_SUM3_WORKED, budget_overrides, cold_start, curve, mean_curve, tokens_to_reach, train_run
+from methods import METHODS  # every method's sections, read from its recipe (recipes/)
 
-METHODS: dict[str, list[str]] = {
-    "uniform": [],
-    "vade": ["select.name=vade"],
-    "curriculum": ["select.name=curriculum"],
-    "gdro": ["select.name=gdro", "allocate={name: gdro, n_mean: 8}"],
-    "dapo": ["allocate={name: dapo, n: 8, max_batches: 3}"],
-    "dars": ["allocate={name: dars, n: 8, n_max: 24, schedule: hardness}", "advantage.name=drgrpo"],
-    "xrpo": ["allocate={name: xrpo, n: 8}"],
-    "roc": ["allocate={name: roc, n: 8, oversample: 2.0}"],
-    # BroRL's large N at this scale: the same 64 rollouts a step, spread over 2 prompts
-    "brorl": ["allocate={name: brorl, n: 32}", "budget.prompts_per_step=2"],
-    "vade+dars": ["select.name=vade", "allocate={name: dars, n: 8, n_max: 24}", "advantage.name=drgrpo"],
-    "pilot_commit": ["allocate={name: pilot_commit, pilot_n: 2, commit_n: 6}"],
-    # branching rollouts (issue 16): the same 8 leaves a prompt, grown as trees
-    "eptree": ["rollout.branching={policy: eptree, roots: 1, top_n: 2, children: 2}"],
-    "latr": ["rollout.branching={policy: latr}"],
-    "treepo": ["rollout.branching={policy: treepo, width: 2, segment: 4, max_depth: 6}", "advantage={name: treepo}"],
-    # the ladder's last rungs (issue 17; bench/ladder.py): hints for all-failed groups, a teacher's tokens
-    "guide": ["hints={name: guide, source: solution}"],
-    "seele": ["hints={name: seele, source: solution}"],
-    "adhint": ["hints={name: adhint, source: solution}", "advantage={name: adhint}"],
-    "xrpo_seeding": ["hints={name: xrpo, k: 2}"],
-    "sdar": ["distill={method: sdar, teacher: policy, context: solution}"],
-}
 TASKS: dict[str, list[str]] = {
     "addition": [],
     "chain_sum": ["task.name=chain_sum", "task.params={min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 2}"],

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from adarl.config import load_recipe
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -31,3 +33,41 @@ def test_vs_trl_smoke_runs_both_trainers_on_the_same_prompts(tiny_model_dir, tmp
         assert all(0 < tokens <= 32 for tokens in result[side]["step_tokens"]), result[side]["step_tokens"]
     assert result["same_prompts"] is True  # TRL generated from the token ids adarl did
     assert result["ratio_step_time"] > 0 and result["versions"]["trl"] == "1.16.0"
+
+
+# bench/allocation.py's method table as the committed results (bench/results/allocation, ladder, branching)
+# were produced with, before the methods moved into recipes/
+LEGACY_METHODS = {
+    "uniform": [],
+    "vade": ["select.name=vade"],
+    "curriculum": ["select.name=curriculum"],
+    "gdro": ["select.name=gdro", "allocate={name: gdro, n_mean: 8}"],
+    "dapo": ["allocate={name: dapo, n: 8, max_batches: 3}"],
+    "dars": ["allocate={name: dars, n: 8, n_max: 24, schedule: hardness}", "advantage.name=drgrpo"],
+    "xrpo": ["allocate={name: xrpo, n: 8}"],
+    "roc": ["allocate={name: roc, n: 8, oversample: 2.0}"],
+    "brorl": ["allocate={name: brorl, n: 32}", "budget.prompts_per_step=2"],
+    "vade+dars": ["select.name=vade", "allocate={name: dars, n: 8, n_max: 24}", "advantage.name=drgrpo"],
+    "pilot_commit": ["allocate={name: pilot_commit, pilot_n: 2, commit_n: 6}"],
+    "eptree": ["rollout.branching={policy: eptree, roots: 1, top_n: 2, children: 2}"],
+    "latr": ["rollout.branching={policy: latr}"],
+    "treepo": ["rollout.branching={policy: treepo, width: 2, segment: 4, max_depth: 6}", "advantage={name: treepo}"],
+    "guide": ["hints={name: guide, source: solution}"],
+    "seele": ["hints={name: seele, source: solution}"],
+    "adhint": ["hints={name: adhint, source: solution}", "advantage={name: adhint}"],
+    "xrpo_seeding": ["hints={name: xrpo, k: 2}"],
+    "sdar": ["distill={method: sdar, teacher: policy, context: solution}"],
+}
+
+
+@pytest.mark.parametrize("method", sorted(LEGACY_METHODS))
+def test_a_benchmark_method_is_its_recipe_and_the_table_it_replaced(method, monkeypatch):
+    """bench/methods.py reads each method from its recipe: on the quickstart, the recipe's sections resolve to
+    the same recipe as the old private table did, so the committed results stay reproducible."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    from methods import METHODS, RECIPES
+
+    assert set(METHODS) == set(LEGACY_METHODS) and (ROOT / "recipes" / f"{RECIPES[method]}.yaml").is_file()
+    base = ROOT / "recipes" / "quickstart.yaml"
+    new, old = load_recipe(base, METHODS[method]), load_recipe(base, LEGACY_METHODS[method])
+    assert new.model_dump() == old.model_dump()
