@@ -41,9 +41,8 @@ def test_a_file_beats_a_built_in_recipe_of_the_same_name(tmp_path, monkeypatch):
     assert load_recipe("quickstart").name == "mine"
 
 
-def test_the_wheel_ships_the_recipes(tmp_path):
-    """pip builds the wheel from a copy of the source (no build isolation: setuptools is installed)."""
-    src = tmp_path / "src"
+def _source_copy(src: Path) -> None:
+    """The tracked package files (src/, recipes/, pyproject.toml, README.md) copied to `src`, links kept."""
     tracked = subprocess.run(["git", "-C", str(ROOT), "ls-files", "--cached", "--others", "--exclude-standard"],
                              check=True, capture_output=True, text=True).stdout.splitlines()
     for rel in tracked:
@@ -54,6 +53,12 @@ def test_the_wheel_ships_the_recipes(tmp_path):
         elif path.is_file() and (rel.startswith(("src/", "recipes/")) or rel in ("pyproject.toml", "README.md")):
             (src / rel).parent.mkdir(parents=True, exist_ok=True)
             (src / rel).write_bytes(path.read_bytes())
+
+
+def test_the_wheel_ships_the_recipes(tmp_path):
+    """pip builds the wheel from a copy of the source (no build isolation: setuptools is installed)."""
+    src = tmp_path / "src"
+    _source_copy(src)
     done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
                            "-w", str(tmp_path / "dist"), str(src)], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -62,3 +67,20 @@ def test_the_wheel_ships_the_recipes(tmp_path):
     shipped = {Path(n).stem for n in names if n.startswith("adarl/recipes/") and n.endswith(".yaml")}
     assert shipped == {p.stem for p in (ROOT / "recipes").glob("*.yaml")}
     assert "adarl/cli.py" in names and any(n.endswith("entry_points.txt") for n in names)
+
+
+def test_the_sdist_ships_the_recipes_and_the_package(tmp_path):
+    """setuptools' own build backend makes the sdist; the recipes travel as files (the link is followed)."""
+    import tarfile
+
+    src = tmp_path / "src"
+    _source_copy(src)
+    done = subprocess.run([sys.executable, "-c", "import sys; from setuptools import build_meta; "
+                           "print(build_meta.build_sdist(sys.argv[1]))", str(tmp_path / "dist")],
+                          cwd=src, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (sdist,) = (tmp_path / "dist").glob("adarl-*.tar.gz")
+    names = tarfile.open(sdist).getnames()
+    shipped = {Path(n).stem for n in names if "/src/adarl/recipes/" in n and n.endswith(".yaml")}
+    assert shipped == {p.stem for p in (ROOT / "recipes").glob("*.yaml")}
+    assert any(n.endswith("src/adarl/cli.py") for n in names) and any(n.endswith("pyproject.toml") for n in names)
