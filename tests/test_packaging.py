@@ -80,7 +80,8 @@ def test_the_sdist_ships_the_recipes_and_the_package(tmp_path):
                           cwd=src, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     (sdist,) = (tmp_path / "dist").glob("adarl-*.tar.gz")
-    names = tarfile.open(sdist).getnames()
+    with tarfile.open(sdist) as archive:
+        names = archive.getnames()
     shipped = {Path(n).stem for n in names if "/src/adarl/recipes/" in n and n.endswith(".yaml")}
     assert shipped == {p.stem for p in (ROOT / "recipes").glob("*.yaml")}
     assert any(n.endswith("src/adarl/cli.py") for n in names) and any(n.endswith("pyproject.toml") for n in names)
