@@ -27,7 +27,7 @@ from adarl.rewards import code as code_reward
 from adarl.rewards import format as format_reward
 from adarl.rewards import math as math_reward
 from adarl.rewards import short_answer
-from adarl.rewards.pool import Job, WorkerPool, printable
+from adarl.rewards.pool import Job, WorkerPool, check_memory_limit, check_timeout, check_workers, printable
 
 if TYPE_CHECKING:
     from adarl.config import RewardConfig
@@ -95,6 +95,10 @@ class Rewards:
 
     def __init__(self, configs: Sequence[RewardConfig], workers: int = 2, timeout_s: float = 10.0, *,
                  memory_limit_mb: int | None = 4096, validate: bool = True) -> None:
+        # checked here, before any import is validated, with the recipe's bounds (reward_workers,
+        # reward_timeout_s): an unbounded timeout overflowed select() and scored every answer 0
+        workers, timeout_s = check_workers(workers), check_timeout(timeout_s)
+        memory_limit_mb = check_memory_limit(memory_limit_mb)
         self.configs = list(configs)
         if not self.configs:
             raise ValueError("at least one reward is needed")

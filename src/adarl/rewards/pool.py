@@ -33,6 +33,7 @@ import importlib
 import io
 import logging
 import multiprocessing as mp
+import numbers
 import os
 import pickle
 import select
@@ -56,6 +57,9 @@ Job = tuple[Callable[..., Any], tuple[Any, ...]]
 _READY = -1  # job id of the "worker started" message
 _MAX_REPR = 2000
 _STARTUP_TIMEOUT_S = 120.0
+MAX_TIMEOUT_S = 86_400.0  # any timeout: a day (the recipe's MAX_SECONDS; select() overflows far beyond)
+MAX_WORKERS = 1024  # worker processes per domain (the recipe's bound on reward_workers)
+MAX_MEMORY_MB = 1 << 30  # a worker's address-space cap: a PiB, past any machine
 _HEADER = struct.Struct("!I")  # frame: 4-byte big-endian payload length, then a pickle
 _OUTPUT_TAIL = 4096  # bytes of a worker's output kept (the most recent)
 _EXCERPT_CHARS = 300  # characters of it quoted in a failed job's message
@@ -425,6 +429,33 @@ class _Run:
     pending: dict[str, deque[int]] = field(default_factory=dict)  # job indices waiting, per domain
 
 
+def check_workers(workers: object, name: str = "workers") -> int:
+    """``workers`` as an int in 1..MAX_WORKERS, else a ValueError naming ``name`` and the range."""
+    if isinstance(workers, bool) or not isinstance(workers, numbers.Integral) or not 1 <= workers <= MAX_WORKERS:
+        raise ValueError(f"{name} must be an integer from 1 to {MAX_WORKERS}, got {workers!r}")
+    return int(workers)
+
+
+def check_timeout(timeout_s: object, name: str = "timeout_s") -> float:
+    """``timeout_s`` as a float in (0, MAX_TIMEOUT_S] seconds, else a ValueError naming ``name`` and the range."""
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real) \
+            or not 0 < float(timeout_s) <= MAX_TIMEOUT_S:  # NaN fails the comparison too
+        raise ValueError(f"{name} must be a number of seconds > 0 and <= {MAX_TIMEOUT_S:g} (a day), "
+                         f"got {timeout_s!r}")
+    return float(timeout_s)
+
+
+def check_memory_limit(memory_limit_mb: object, name: str = "memory_limit_mb") -> int | None:
+    """``memory_limit_mb`` as None (no cap) or a positive int of MiB, else a ValueError naming ``name``."""
+    if memory_limit_mb is None:
+        return None
+    if isinstance(memory_limit_mb, bool) or not isinstance(memory_limit_mb, numbers.Integral) \
+            or not 1 <= memory_limit_mb <= MAX_MEMORY_MB:
+        raise ValueError(f"{name} must be None (no cap) or an integer of MiB from 1 to {MAX_MEMORY_MB}, "
+                         f"got {memory_limit_mb!r}")
+    return int(memory_limit_mb)
+
+
 class WorkerPool:
     """A lazily started pool of supervised worker processes with per-job wall-clock timeouts.
 
@@ -448,18 +479,14 @@ class WorkerPool:
                  preload: Sequence[str] = (), domains: Mapping[str, Sequence[str]] | None = None,
                  import_main: bool = False, max_result_bytes: int = 1 << 20,
                  startup_timeout_s: float = _STARTUP_TIMEOUT_S) -> None:
-        if workers < 1:
-            raise ValueError(f"workers must be >= 1, got {workers}")
-        if timeout_s <= 0:
-            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
-        self.workers = int(workers)
-        self.timeout_s = float(timeout_s)
-        self.memory_limit_mb = memory_limit_mb
+        self.workers = check_workers(workers)
+        self.timeout_s = check_timeout(timeout_s)
+        self.memory_limit_mb = check_memory_limit(memory_limit_mb)
         self.preload = tuple(preload)
         self.domains = {name: tuple(mods) for name, mods in (domains or {}).items()}
         self.import_main = import_main
         self.max_result_bytes = int(max_result_bytes)
-        self.startup_timeout_s = float(startup_timeout_s)
+        self.startup_timeout_s = check_timeout(startup_timeout_s, "startup_timeout_s")
         self.errors: list[tuple[int, str]] = []  # (job index, message) of the last call's failures
         self._ctx = mp.get_context("spawn")
         self._pool: list[_Worker] = []

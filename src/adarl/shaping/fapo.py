@@ -25,7 +25,7 @@ from pydantic.dataclasses import dataclass
 
 from adarl.registry import STRICT, register
 from adarl.rewards.callable import load_function
-from adarl.rewards.pool import WorkerPool
+from adarl.rewards.pool import MAX_MEMORY_MB, MAX_TIMEOUT_S, MAX_WORKERS, WorkerPool
 from adarl.shaping.base import add_column
 from adarl.types import Group
 
@@ -48,9 +48,9 @@ class Fapo:
     penalty: Literal["zero", "lambda"] = "zero"
     lam: float = Field(0.5, ge=0.0)  # λ, _guess (penalty="lambda")
     reward: str | None = None  # penalty="zero": the column a flawed positive loses; None: all earlier columns
-    workers: int = Field(2, ge=1)
-    timeout_s: float = Field(60.0, gt=0.0)
-    memory_limit_mb: int | None = Field(4096, gt=0)
+    workers: int = Field(2, ge=1, le=MAX_WORKERS)  # the pool's bounds, checked when the recipe loads
+    timeout_s: float = Field(60.0, gt=0.0, le=MAX_TIMEOUT_S)
+    memory_limit_mb: int | None = Field(4096, gt=0, le=MAX_MEMORY_MB)
 
     def __post_init__(self) -> None:
         try:
