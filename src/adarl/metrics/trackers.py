@@ -13,9 +13,11 @@ Each gets the resolved recipe (W&B config; MLflow params, flattened with dots, a
 every row's finite numbers (nested dicts joined with '/'; lists such as histograms are skipped;
 MLflow's names have '.' for '/' and '_at_' for '@', so ``eval/pass@1`` is ``eval.pass_at_1`` there),
 and the report as an artifact. The run ids are kept in ``run_dir/trackers.json``, so a resumed
-run continues the same W&B and MLflow runs. A tracker whose package is missing or whose setting
-is bad is an error when the writer starts (`check_trackers` says so before any model loads); one
-that fails mid-run is switched off with a warning, never stopping training.
+run continues the same W&B and MLflow runs (after `read_state` checks the file: known trackers, sane
+run ids, and the store the recipe sets, so a tampered file cannot point MLflow at a server). A
+tracker whose package is missing or whose setting is bad is an error when the writer starts
+(`check_trackers` says so before any model loads); one that fails mid-run is switched off with a
+warning, never stopping training.
 """
 
 from __future__ import annotations
@@ -94,13 +96,64 @@ def check_trackers(trackers: Sequence[str], config: Mapping[str, Any] | None = N
                                    "mlflow-skinny has only the file store (leave log.mlflow_uri unset or give a path)")
 
 
-def read_state(run_dir: str | Path) -> dict[str, Any]:
+MAX_STATE_BYTES = 64 * 1024  # trackers.json holds two short entries; a larger one is not adarl's
+_STATE_KEYS = {"wandb": {"run_id"}, "mlflow": {"run_id", "uri"}}  # tracker -> the keys its entry may have
+_RUN_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")  # W&B: 8 hex digits here; MLflow: 32
+
+
+def read_state(run_dir: str | Path, config: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The tracker runs ``run_dir/trackers.json`` names, checked before any is used; {} with no file.
+
+    A resumed run reads this file, so it is foreign data: only known trackers, run ids of a sane shape,
+    and an MLflow store equal to the one `config` (the resolved recipe) sets, or TrackerError. It is an
+    error rather than a warning and new tracker runs: adarl writes this file itself, so a bad one means a
+    tampered file or a changed setting, and silently starting new runs would split the run's history.
+    """
     path = Path(run_dir) / STATE_FILE
+
+    def bad(what: str) -> TrackerError:
+        return TrackerError(f"{path}: {what}; this file names the tracker runs a resumed run continues: "
+                            "delete it to start new tracker runs (or undo the change to log.mlflow_uri)")
+
     try:
-        state = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        with path.open("rb") as f:
+            data = f.read(MAX_STATE_BYTES + 1)
+    except FileNotFoundError:
         return {}
-    return state if isinstance(state, dict) else {}
+    except OSError as err:
+        raise bad(f"cannot be read ({err.strerror or err})") from None
+    if len(data) > MAX_STATE_BYTES:
+        raise bad(f"larger than {MAX_STATE_BYTES} bytes")
+    try:
+        state = json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError) as err:  # UnicodeDecodeError is a ValueError
+        raise bad(f"not valid JSON ({printable(str(err))})") from None
+    if not isinstance(state, dict):
+        raise bad(f"expected an object of tracker runs, got {type(state).__name__}")
+    for name, entry in state.items():
+        if name not in _STATE_KEYS:
+            raise bad(f"unknown tracker {printable(name)!r} (expected {' or '.join(_STATE_KEYS)})")
+        if not isinstance(entry, dict):
+            raise bad(f"{name}: expected an object, got {type(entry).__name__}")
+        unknown = [k for k in entry if k not in _STATE_KEYS[name]]
+        if unknown:
+            expected_keys = ", ".join(sorted(_STATE_KEYS[name]))
+            raise bad(f"{name}: unknown key {printable(unknown[0])!r} (expected {expected_keys})")
+        run_id = entry.get("run_id")
+        if not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id):
+            raise bad(f"{name}: run_id must be 1 to 64 letters, digits, '_' or '-', got {printable(run_id)}")
+        if "uri" in entry:
+            expected = mlflow_uri(settings_of(config)["mlflow_uri"], run_dir)
+            if entry["uri"] != expected:
+                raise bad(f"{name}: store {printable(entry['uri'])} is not the one the recipe sets ({expected})")
+    return state
+
+
+def printable(value: object, limit: int = 80) -> str:
+    """`value` for an error message: repr'd, ASCII, at most `limit` characters."""
+    text = value if isinstance(value, str) else repr(value)
+    text = text.encode("ascii", "backslashreplace").decode("ascii")
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def _write_state(run_dir: Path, state: dict[str, Any]) -> None:
@@ -224,7 +277,7 @@ def start_trackers(names: Sequence[str], run_dir: str | Path, config: Mapping[st
     check_trackers(wanted, config)
     settings = settings_of(config)
     recipe = config if log_recipe else None
-    state = read_state(run_dir)
+    state = read_state(run_dir, config) if resume else {}  # checked before any tracker starts
     started: dict[str, Tracker] = {}
     name = wanted[0]
     try:
@@ -233,7 +286,7 @@ def start_trackers(names: Sequence[str], run_dir: str | Path, config: Mapping[st
             if name == "wandb":
                 started[name] = tracker = WandbTracker(run_dir, settings["project"], recipe, previous.get("run_id"))
             else:
-                uri = previous.get("uri") or mlflow_uri(settings["mlflow_uri"], run_dir)
+                uri = mlflow_uri(settings["mlflow_uri"], run_dir)  # read_state: the stored one is this
                 started[name] = tracker = MlflowTracker(run_dir, settings["project"], uri, recipe,
                                                         previous.get("run_id"))
             state[name] = {"run_id": tracker.run_id, **({"uri": tracker.uri} if name == "mlflow" else {})}
@@ -257,7 +310,7 @@ def close_trackers(trackers: Mapping[str, Tracker]) -> None:
 def log_artifact_later(names: Sequence[str], run_dir: str | Path, path: str | Path,
                        config: Mapping[str, Any] | None = None) -> None:
     """Add `path` as an artifact to the runs `run_dir/trackers.json` names, reopening them for it."""
-    stored = read_state(run_dir)
+    stored = read_state(run_dir, config)
     trackers = start_trackers([n for n in names if n in stored], run_dir, config, resume=True, log_recipe=False)
     try:
         for tracker in trackers.values():
