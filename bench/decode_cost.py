@@ -51,6 +51,25 @@ def random_smollm2(device: str, dtype: torch.dtype):
     return LlamaForCausalLM(LlamaConfig(**SMOLLM2_SHAPE)).to(device=device, dtype=dtype).eval()
 
 
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # SmolLM2's ids 0-2; <|im_end|> is eos and pad
+
+
+def synthetic_tokenizer(vocab_size: int):
+    """For random-init models: word-level, `t<i>` is token i, split on whitespace; ids 0-2 are the special
+    tokens, 2 (<|im_end|>) eos and pad. Any sampled id decodes, so rewards (and TRL) read completions as text."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {t: i for i, t in enumerate(SPECIALS + [f"t{i}" for i in range(len(SPECIALS), vocab_size)])}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<|endoftext|>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    backend.add_special_tokens(SPECIALS)
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<|im_end|>",
+                                  unk_token="<|endoftext|>")
+    tok.padding_side = "left"
+    return tok
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import inspect
 import json
 import os
 import statistics
@@ -45,6 +46,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from adarl.models import peak_memory_gib  # noqa: E402
+from decode_cost import SPECIALS, sync, synthetic_tokenizer  # noqa: E402
+
 #: the published shapes (config.json of Qwen/Qwen2.5-0.5B-Instruct and -1.5B-Instruct), built as Llama (random_model)
 QWEN = {
     "qwen2.5-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
@@ -59,23 +63,6 @@ TINY = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_att
             vocab_size=512, tie_word_embeddings=True)
 #: dense bf16 peak of the card, FLOP/s (NVIDIA's data sheets), for MFU
 PEAK_BF16 = {"H100 PCIe": 756e12, "H100": 989.4e12, "H200": 989.4e12, "A100": 312e12}
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-
-
-def synthetic_tokenizer(vocab_size: int):
-    """Word-level: `t<i>` is token i, split on whitespace; ids 0-2 are the special tokens, 2 (<|im_end|>)
-    eos and pad. Any sampled id decodes, so rewards and TRL read the completions as text."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {t: i for i, t in enumerate(SPECIALS + [f"t{i}" for i in range(len(SPECIALS), vocab_size)])}
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="<|endoftext|>"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    backend.add_special_tokens(SPECIALS)
-    tok = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<|im_end|>",
-                                  unk_token="<|endoftext|>")
-    tok.padding_side = "left"
-    return tok
 
 
 def random_model(shape: dict, dtype: torch.dtype, device: torch.device, seed: int = 0):
@@ -92,19 +79,10 @@ def random_model(shape: dict, dtype: torch.dtype, device: torch.device, seed: in
     return model
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def peak_gib(device: torch.device) -> float | None:
-    return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
-
-
 def reset_peak(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
+    peak_memory_gib(device, reset=True)
 
 
 def card(device: torch.device) -> dict[str, Any]:
@@ -121,24 +99,14 @@ def prompt_texts(count: int, length: int, vocab: int, seed: int) -> list[str]:
     return [" ".join(f"t{i}" for i in rng.integers(len(SPECIALS), vocab, length)) for _ in range(count)]
 
 
-def even_share(completions: list[str]) -> list[float]:
-    """The reward of sections 2 and 4: 1 when most of the completion's tokens have an even id. A random
-    model earns it about half the time, so groups carry signal; it costs nothing to compute."""
-    out = []
-    for c in completions:
-        ids = [int(w[1:]) for w in c.split() if w[:1] == "t" and w[1:].isdigit()]
-        out.append(float(bool(ids) and sum(i % 2 == 0 for i in ids) > len(ids) / 2))
-    return out
-
-
-REWARD_MODULE = '''
 def even_share(prompts, completions, **columns):
+    """The reward of sections 2 and 4 (adarl's callable and TRL's signature): 1 when most of the completion's
+    tokens have an even id. A random model earns it about half the time, so groups carry signal."""
     out = []
     for c in completions:
         ids = [int(w[1:]) for w in c.split() if w[:1] == "t" and w[1:].isdigit()]
         out.append(float(bool(ids) and sum(i % 2 == 0 for i in ids) > len(ids) / 2))
     return out
-'''
 
 
 # ---------------------------------------------------------------- 1. cpu vs device, one update
@@ -157,7 +125,7 @@ def sampled_batch(model, tok, prompts: int, n: int, new_tokens: int, seed: int):
     rollouts, groups = gen.generate(requests), []
     for i, req in enumerate(requests):
         mine = rollouts[i * n: (i + 1) * n]
-        rewards = np.array(even_share([tok.decode(r.completion_ids) for r in mine]))
+        rewards = np.array(even_share(None, [tok.decode(r.completion_ids) for r in mine]))
         groups.append(Group(Problem(req.prompt_id, texts[i]), req.prompt_ids, mine,
                             rewards=rewards[:, None], reward_names=("even_share",)))
     batch = Batch(groups)
@@ -231,7 +199,7 @@ def write_run_files(folder: Path, shape: dict, dtype: torch.dtype, prompts: list
     synthetic_tokenizer(shape["vocab_size"]).save_pretrained(model_dir)
     task = folder / "prompts.jsonl"
     task.write_text("".join(json.dumps({"prompt": p, "answer": "0"}) + "\n" for p in prompts))
-    (folder / "gpu_check_rewards.py").write_text(REWARD_MODULE)
+    (folder / "gpu_check_rewards.py").write_text(inspect.getsource(even_share))
     sys.path.insert(0, str(folder))  # the reward workers import it too
     os.environ["PYTHONPATH"] = os.pathsep.join([str(folder), str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])
     return model_dir, task
@@ -362,7 +330,7 @@ def update_speed(model, device: torch.device, rows: int, prompt_len: int, comple
     flops = 6 * (params - head) * tokens + 6 * head * rows * completion_len + 6 * layers * h * seq * tokens
     return {"rows": rows, "prompt_len": prompt_len, "completion_len": completion_len, "parameters": params,
             "seconds": seconds, "trained_tokens_per_s": tokens / seconds, "model_flops": flops,
-            "mfu": flops / seconds / peak_flops if peak_flops else None, "peak_memory_gib": peak_gib(device),
+            "mfu": flops / seconds / peak_flops if peak_flops else None, "peak_memory_gib": peak_memory_gib(device),
             "scheme": "bf16 autocast, float32 weights, grads and Adam moments (16 B/param)",
             "lm_head": "float32" if fp32_lm_head else "bf16", "micro_batch_tokens": cfg.micro_batch_tokens}
 
@@ -440,11 +408,8 @@ def vs_trl(device: torch.device, quick: bool, work: Path) -> dict[str, Any]:
         bf16=device.type == "cuda", use_cpu=device.type == "cpu", seed=0, logging_steps=1, save_strategy="no",
         report_to="none", disable_tqdm=True, dataloader_num_workers=0, log_completions=False)
 
-    def reward(prompts, completions, **kw):
-        return even_share(completions)
-
     timer = StepTimer()
-    trl = GRPOTrainer(model=model, reward_funcs=[reward], args=config,
+    trl = GRPOTrainer(model=model, reward_funcs=[even_share], args=config,
                       train_dataset=Dataset.from_list([{"prompt": t} for t in texts]),
                       processing_class=tok, callbacks=[timer])
     trl.train()

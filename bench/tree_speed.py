@@ -30,22 +30,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from decode_cost import SMOLLM2_SHAPE, random_smollm2, sync
+from decode_cost import SMOLLM2_SHAPE, random_smollm2, sync, synthetic_tokenizer
 from tree_policies import POLICIES, branching_section
-
-
-def synthetic_tokenizer(vocab_size: int):
-    """A word-level tokenizer over `vocab_size` ids with SmolLM2's special ids (0 endoftext, 1 im_start,
-    2 im_end = eos = pad): enough for the decoder, which reads eos/pad ids and decodes texts."""
-    from tokenizers import Tokenizer, models
-    from transformers import PreTrainedTokenizerFast
-
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    vocab = {t: i for i, t in enumerate(specials + [f"t{i}" for i in range(len(specials), vocab_size)])}
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="<|endoftext|>"))
-    backend.add_special_tokens(specials)
-    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<|im_end|>",
-                                   unk_token="<|endoftext|>")
 
 
 def timed(gen, requests, device: torch.device) -> tuple[float, int]:
