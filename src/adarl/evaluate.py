@@ -109,7 +109,7 @@ def resolve_target(spec: str | Path) -> Target:
     return Target(spec, "model", spec)
 
 
-def load_target(target: Target, threads: int | None = None, device: str | None = None):
+def load_target(target: Target, threads: int | None = None):
     """The model (frozen, eval mode) and tokenizer of `target`."""
     import torch
     from safetensors.torch import load_file
@@ -119,12 +119,11 @@ def load_target(target: Target, threads: int | None = None, device: str | None =
 
     dtype = target.recipe.model.dtype if target.recipe is not None else "float32"
     if target.weights is None:
-        cfg = ModelConfig(path=target.model_path, dtype=dtype, threads=threads, device=device or "auto")
+        cfg = ModelConfig(path=target.model_path, dtype=dtype, threads=threads)
         model, tokenizer = load_model(cfg, for_training=False)
     else:
         assert target.recipe is not None
-        cfg = target.recipe.model.model_copy(update={"threads": threads or target.recipe.model.threads,
-                                                     "device": device or target.recipe.model.device})
+        cfg = target.recipe.model.model_copy(update={"threads": threads or target.recipe.model.threads})
         model, tokenizer = load_model(cfg, for_training=True)  # with LoRA adapters when the run had them
         weights = load_file(str(target.weights))
         params = dict(model.named_parameters())
