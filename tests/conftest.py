@@ -72,6 +72,14 @@ def make_tiny_model_dir(path: str | Path, vocab_chars: str = TINY_CHARS, seed: i
     return path
 
 
+def isolate_trackers(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """W&B's caches and settings under `home`, never the user's; no MLflow store from the environment."""
+    for var in ("WANDB_CACHE_DIR", "WANDB_DATA_DIR", "WANDB_CONFIG_DIR", "WANDB_ARTIFACT_DIR"):
+        monkeypatch.setenv(var, str(home))
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+
+
 def hide_package(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
     """Make `importlib.util.find_spec(name)` answer None for this test, as if `name` were not installed."""
     import importlib.util

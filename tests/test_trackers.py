@@ -18,6 +18,7 @@ from adarl.config import LogConfig, Recipe
 from adarl.metrics import trackers as tracking
 from adarl.metrics.sinks import MetricsWriter
 from adarl.metrics.trackers import TrackerError, check_trackers, flatten, mlflow_name
+from conftest import isolate_trackers
 
 pytest.importorskip("wandb")
 pytest.importorskip("mlflow")
@@ -26,10 +27,7 @@ pytest.importorskip("mlflow")
 @pytest.fixture(autouse=True)
 def _wandb_home(tmp_path, monkeypatch):
     """W&B's caches and settings under the test's directory, never the user's home."""
-    for var in ("WANDB_CACHE_DIR", "WANDB_DATA_DIR", "WANDB_CONFIG_DIR", "WANDB_ARTIFACT_DIR"):
-        monkeypatch.setenv(var, str(tmp_path / "wandb-home"))
-    monkeypatch.delenv("WANDB_MODE", raising=False)
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    isolate_trackers(tmp_path / "wandb-home", monkeypatch)
 
 
 def recipe_dict(**log) -> dict:

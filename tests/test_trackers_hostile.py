@@ -21,6 +21,7 @@ from adarl.config import Recipe
 from adarl.metrics import trackers as tracking
 from adarl.metrics.sinks import MetricsWriter
 from adarl.metrics.trackers import STATE_FILE, TrackerError
+from conftest import isolate_trackers
 
 pytest.importorskip("wandb")
 pytest.importorskip("mlflow")
@@ -32,10 +33,7 @@ WANDB_ID = "a1b2c3d4"
 @pytest.fixture(autouse=True)
 def _isolated(tmp_path, monkeypatch):
     """Trackers' caches under the test's directory; every socket connect recorded and refused."""
-    for var in ("WANDB_CACHE_DIR", "WANDB_DATA_DIR", "WANDB_CONFIG_DIR", "WANDB_ARTIFACT_DIR"):
-        monkeypatch.setenv(var, str(tmp_path / "wandb-home"))
-    monkeypatch.delenv("WANDB_MODE", raising=False)
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    isolate_trackers(tmp_path / "wandb-home", monkeypatch)
     connects: list[object] = []
 
     def refuse(self, address, *args, **kwargs):
