@@ -215,3 +215,58 @@ def test_xrpo_seeded_rollouts_replace_the_failed_group(tiny_model_dir, tmp_path,
               trainer.tokenizer.decode(r.prompt_ids)]
     assert len(seeded) == 2 and all("Compute 5" in s for s in seeded)
     assert all(g.prompt_ids == trainer.prompt_ids(g.problem) for g in trainer.last_groups)  # bare context
+
+
+def test_hint_rounds_are_timed_with_the_step_s_generation(tiny_model_dir, tmp_path, monkeypatch):
+    """A hint round generates through the trainer's own path: its time is in `generate_s`, so
+    `tokens_per_s` (the step's tokens, hinted ones included, over `generate_s`) is not overstated."""
+    import time
+
+    from adarl.config import load_recipe
+    from adarl.train.trainer import Trainer
+    from test_train import recipe_data
+
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
+    data = recipe_data(tiny_model_dir, write_hard_task(tmp_path), budget={"max_steps": 1, "prompts_per_step": 2},
+                       rewards=[{"type": "short_answer"}], allocate={"name": "fixed", "n": 2},
+                       hints={"name": "guide", "source": "solution"}, log={"tensorboard": False, "progress": False})
+    trainer = Trainer(load_recipe(data=data), tmp_path / "run")
+    complete = trainer.rollouts.complete
+
+    def slow_complete(requests, *args, **kwargs):
+        if "Hint:" in trainer.tokenizer.decode(requests[0].prompt_ids):  # Guide's hint round
+            time.sleep(1.5)
+        return complete(requests, *args, **kwargs)
+
+    monkeypatch.setattr(trainer.rollouts, "complete", slow_complete)
+    row = trainer.train_step()
+    assert row["hints/rounds"] == 1
+    assert row["generate_s"] >= 1.5  # the hint round's generation is counted once, here
+    assert row["tokens_per_s"] == pytest.approx(row["step_tokens"] / row["generate_s"])
+
+
+def test_a_hinted_agent_rollout_keeps_the_agent_s_tools(tiny_model_dir, tmp_path, monkeypatch):
+    """Guide's hint goes into the agent's chat, whose system message describes its tools: the hinted
+    rollout runs in the same environment with the same tools as the plain ones."""
+    from adarl.config import load_recipe
+    from adarl.train.trainer import Trainer
+    from test_train import recipe_data
+
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
+    data = recipe_data(tiny_model_dir, write_hard_task(tmp_path), budget={"max_steps": 1, "prompts_per_step": 2},
+                       rewards=[{"type": "short_answer"}], allocate={"name": "fixed", "n": 2},
+                       rollout={"temperature": 1.0, "max_new_tokens": 8, "agent": {"max_turns": 1}},
+                       hints={"name": "guide", "source": "solution"}, log={"tensorboard": False, "progress": False})
+    trainer = Trainer(load_recipe(data=data), tmp_path / "run")
+    seen = []
+    complete = trainer.rollouts.complete
+
+    def record(requests, *args, **kwargs):
+        seen.extend(text for r in requests if "Hint:" in (text := trainer.tokenizer.decode(r.prompt_ids)))
+        return complete(requests, *args, **kwargs)
+
+    monkeypatch.setattr(trainer.rollouts, "complete", record)
+    trainer.train_step()
+    assert len(seen) == 2  # both all-failed groups were hinted
+    for text in seen:
+        assert "Hint: It is 900" in text and "calculate" in text  # the hint, and the tools described

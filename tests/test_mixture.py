@@ -98,6 +98,7 @@ def test_the_named_pools_build_as_their_headers_say() -> None:
 
 
 def test_evaluation_reports_pass1_per_share(tiny_model_dir, tmp_path, monkeypatch) -> None:
+    from adarl.train import loop
     from adarl.train.trainer import Trainer
     from test_train import recipe_data, write_task
 
@@ -108,7 +109,7 @@ def test_evaluation_reports_pass1_per_share(tiny_model_dir, tmp_path, monkeypatc
         share["size"], share["eval_size"] = 4, 2
     data["task"] = small
     trainer = Trainer(load_recipe(data=data), tmp_path / "run")
-    out = trainer.evaluate()
+    out = loop.evaluate(trainer)
     shares = {k: v for k, v in out.items() if k.startswith("eval/pass@1/")}
     assert set(shares) == {"eval/pass@1/easy", "eval/pass@1/middle", "eval/pass@1/hard"}
     # two held-out problems a share: each share's pass@1 is 0, 1/2 or 1, and they average to the overall

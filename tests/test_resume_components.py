@@ -23,6 +23,7 @@ import yaml
 from adarl import registry
 from adarl.config import load_recipe
 from adarl.metrics.step import TIMING_KEYS
+from adarl.train.loop import state_of
 from adarl.train.trainer import Trainer
 from test_train import recipe_data, write_task
 
@@ -136,7 +137,7 @@ def test_component_state_resumes_exactly(name, tiny_model_dir, tmp_path, monkeyp
     for (param, a), b in zip(straight.model.named_parameters(), resumed.model.parameters(), strict=True):
         assert torch.equal(a, b), param
     assert rows(tmp_path / "straight") == rows(tmp_path / "split")
-    ours, theirs = straight.state_dict(), resumed.state_dict()
+    ours, theirs = state_of(straight), state_of(resumed)
     assert_same(ours["components"], theirs["components"], "components")
     assert_same(ours["store"], theirs["store"], "store")
     assert_same(ours["generator"], theirs["generator"], "generator")

@@ -86,10 +86,11 @@ def train(
 
     if loaded.train.parallel == "fsdp2":  # under torchrun: rank 0 runs the trainer, the others its learner calls
         from adarl.train import sharded
+        from adarl.train.build import follow
 
         if sharded.init_distributed(loaded.model.device) != 0:
             try:
-                sharded.follow(loaded)
+                follow(loaded)
             finally:
                 sharded.end_distributed()
             return

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from adarl.config import Recipe, RewardConfig, RolloutConfig, TaskConfig, load_recipe, pick_backend
-from adarl.metrics.passk import pass_at_k_array
+from adarl.metrics.passk import ProblemResult, pass_at_k_array, score_problems  # noqa: F401 (score_problems: for users)
 from adarl.rollout import build_generator, missing_packages
 
 DEFAULT_K = (1, 4, 16)
@@ -217,18 +217,6 @@ def parse_ks(text: str) -> list[int]:
     return ks
 
 
-@dataclass
-class ProblemResult:
-    id: str
-    n: int
-    c: int
-    first: list[int]  # correctness of the samples, in order (for avg@k)
-    greedy: int | None
-    length: float  # mean sampled completion length (tokens)
-    greedy_length: float | None
-    truncated: int  # sampled completions cut at max_new_tokens
-
-
 def summarize(results: list[ProblemResult], ks: list[int], n: int) -> dict[str, Any]:
     """The task-level numbers of a list of per-problem results."""
     out: dict[str, Any] = {"problems": len(results)}
@@ -248,37 +236,6 @@ def summarize(results: list[ProblemResult], ks: list[int], n: int) -> dict[str, 
         out["mean_length"] = float(np.mean([r.length for r in results]))
         out["truncated_fraction"] = float(sum(r.truncated for r in results) / ns.sum())
     return out
-
-
-def score_problems(generator, rewards, problems: list, prompt_ids: dict[str, list[int]], *, n: int,
-                   max_new_tokens: int | None = None, label: str = "", progress: bool = True) -> list[ProblemResult]:
-    """One greedy and `n` sampled completions per problem, scored by `rewards`: the evaluation both
-    `adarl eval` and the trainer's held-out evaluation run."""
-    from adarl.metrics.progress import RowsBar
-    from adarl.types import Group, Request
-
-    generator = getattr(generator, "unbranched", generator)  # evaluation samples independently
-
-    def generate(k: int, greedy: bool, what: str) -> list[Group]:
-        with RowsBar(f"{label} {what}".strip(), len(problems) * k, enabled=progress) as bar:
-            out = generator.generate([Request(p.id, prompt_ids[p.id], k) for p in problems], greedy=greedy,
-                                     max_new_tokens=max_new_tokens, stop_when=bar.observe)
-        groups = [Group(p, prompt_ids[p.id], out[i * k:(i + 1) * k]) for i, p in enumerate(problems)]
-        rewards.score(groups)
-        return groups
-
-    greedy = generate(1, True, "greedy")
-    sampled: list[Any] = generate(n, False, f"{n} samples") if n > 0 else [None] * len(problems)
-    results = []
-    for p, g, s in zip(problems, greedy, sampled, strict=True):
-        correct = [int(x) for x in s.correct] if s is not None else []
-        results.append(ProblemResult(
-            id=p.id, n=len(correct), c=sum(correct), first=correct, greedy=int(g.correct[0]),
-            length=float(np.mean([len(r) for r in s.rollouts])) if s is not None else 0.0,
-            greedy_length=float(len(g.rollouts[0])),
-            truncated=sum(r.finish_reason == "length" for r in s.rollouts) if s is not None else 0,
-        ))
-    return results
 
 
 def evaluate_task(generator, tokenizer, task: EvalTask, *, ks: list[int], n: int, seed: int = 0,

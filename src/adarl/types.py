@@ -38,10 +38,15 @@ class Problem:
 
     def with_note(self, note: str) -> list[dict[str, str]]:
         """The chat with `note` appended to its last user message (a hint, privileged context)."""
-        messages = [dict(m) for m in self.messages]
-        last = max(i for i, m in enumerate(messages) if m["role"] == "user")
-        messages[last]["content"] = f"{messages[last]['content']}\n\n{note}"
-        return messages
+        return with_note(self.messages, note)
+
+
+def with_note(messages: list[dict[str, str]], note: str) -> list[dict[str, str]]:
+    """A copy of the chat with `note` appended to its last user message."""
+    messages = [dict(m) for m in messages]
+    last = max(i for i, m in enumerate(messages) if m["role"] == "user")
+    messages[last]["content"] = f"{messages[last]['content']}\n\n{note}"
+    return messages
 
 
 @dataclass

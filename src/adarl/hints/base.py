@@ -15,12 +15,13 @@ tasks/reasoning_gym.py), its `hint` column (JSONL / HF datasets), or its answer 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 
-from adarl.types import Group, Problem, Request, Span
+from adarl.types import Group, Problem, Request, Span, with_note
 
 Placement = Literal["context", "prefix", "exemplars"]
 
@@ -51,29 +52,35 @@ def prefix_of(text: str, ratio: float) -> str:
     return " ".join(words[: round(ratio * len(words))])
 
 
-def hint_rung(t: Any, groups: dict[str, Group], metrics: Any) -> None:
+def hint_rung(hints: Any, groups: dict[str, Group], store: Any, tokenizer: Any, messages: Callable[[Problem], list],
+              prompt_ids: Callable[[Problem], list[int]], generate: Callable[[list[Request]], Any],
+              verify: Callable[[list[Group]], None], metrics: Any) -> None:
     """The ladder's last rung (hints/): hinted rollouts for the groups where every rollout failed,
-    in the hint method's rounds; they replace their group or join it. `t`: the trainer."""
-    from adarl.models import chat_ids
-    from adarl.shaping.base import apply_shapings
+    in the hint method's rounds; they replace their group or join it.
 
-    if hasattr(t.hints, "accuracy"):  # ADHint: each prompt's running accuracy without hints
-        ema = {pid: float(t.store.ema_pass[t.store.index[pid]]) for pid in groups}
-        t.hints.accuracy = {pid: v for pid, v in ema.items() if not np.isnan(v)}
+    `messages`: a problem's chat as the policy sees it (an agent's names its tools), `prompt_ids` its
+    tokens; `generate`: the
+    trainer's generation round (timed, within the step's budget, counted once), its result's groups
+    not yet verified; `verify`: the trainer's scoring and shaping of verified groups."""
+    from adarl.models import chat_ids
+
+    if hasattr(hints, "accuracy"):  # ADHint: each prompt's running accuracy without hints
+        ema = {pid: float(store.ema_pass[store.index[pid]]) for pid in groups}
+        hints.accuracy = {pid: v for pid, v in ema.items() if not np.isnan(v)}
     solved: set[str] = set()  # problems a hinted rollout solved, in any round
     hinted_ids: set[str] = set()
-    for round_ in range(t.hints.rounds):
-        plans = t.hints.plan(list(groups.values()), round_)
+    for round_ in range(hints.rounds):
+        plans = hints.plan(list(groups.values()), round_)
         if not plans:
             break
-        inserted = [t.tokenizer.encode(p.text, add_special_tokens=False) if p.placement == "prefix" else []
+        plain = {p.problem.id: prompt_ids(p.problem) for p in plans}
+        inserted = [tokenizer.encode(p.text, add_special_tokens=False) if p.placement == "prefix" else []
                     for p in plans]
-        requests = [Request(p.problem.id, chat_ids(t.tokenizer, p.problem.with_note(f"Hint: {p.text}"))
-                            if p.placement == "context" else chat_ids(t.tokenizer, p.messages)
-                            if p.placement == "exemplars" else t.prompt_ids(p.problem) + ids, p.n)
+        requests = [Request(p.problem.id, chat_ids(tokenizer, with_note(messages(p.problem), f"Hint: {p.text}"))
+                            if p.placement == "context" else chat_ids(tokenizer, p.messages)
+                            if p.placement == "exemplars" else plain[p.problem.id] + ids, p.n)
                     for p, ids in zip(plans, inserted, strict=True)]
-        result = t.rollouts.complete(requests, max_tokens=t.budget.step_tokens_left())
-        t.budget.spend(result.rollouts_started, tokens=result.tokens_spent)
+        result = generate(requests)
         made = {g.request.prompt_id: g for g in result.groups}
         done, fresh = [], []
         for plan, ids in zip(plans, inserted, strict=True):
@@ -82,16 +89,13 @@ def hint_rung(t: Any, groups: dict[str, Group], metrics: Any) -> None:
             for r in gen.rollouts:
                 if ids:  # the beginning of the answer: a hint span, never trained or counted
                     r.spans.insert(0, Span("hint", list(ids)))
-                    r.text = t.tokenizer.decode(r.completion_ids, skip_special_tokens=True)
+                    r.text = tokenizer.decode(r.completion_ids, skip_special_tokens=True)
                 else:  # in the context (Guide, XRPO's exemplars): trained as if it were absent
                     r.guided = True
             done.append(plan)
-            fresh.append(Group(plan.problem, t.prompt_ids(plan.problem), gen.rollouts, group_id=gen.group_id))
-        for key, value in t.rewards.score(fresh).items():
-            if key.startswith("reward_"):  # error counts
-                metrics.add(key, value)
-        apply_shapings(t.shapings, fresh, t.recipe.rollout.max_new_tokens, metrics)
-        t.hints.observe(done, fresh)
+            fresh.append(Group(plan.problem, plain[plan.problem.id], gen.rollouts, group_id=gen.group_id))
+        verify(fresh)
+        hints.observe(done, fresh)
         for plan, g in zip(done, fresh, strict=True):
             if plan.replace:
                 groups[plan.problem.id] = g
@@ -108,4 +112,4 @@ def hint_rung(t: Any, groups: dict[str, Group], metrics: Any) -> None:
     # the group that trains has both outcomes: a gradient where the plain group had none
     metrics.add("hints/groups_mixed", float(sum(0 < groups[pid].correct.sum() < groups[pid].size
                                                 for pid in hinted_ids)))
-    metrics.update({f"hints/{k}": v for k, v in t.hints.metrics().items()})
+    metrics.update({f"hints/{k}": v for k, v in hints.metrics().items()})

@@ -1,10 +1,17 @@
 """Unbiased pass@k (Chen et al., 2021): the chance that at least one of k completions drawn
-without replacement from n sampled ones (c of them correct) is correct."""
+without replacement from n sampled ones (c of them correct) is correct; and `score_problems`, the one
+evaluation both `adarl eval` (evaluate.py) and the trainer's held-out evaluation run."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import numpy as np
 from numpy.typing import ArrayLike
+
+from adarl.metrics.progress import RowsBar
+from adarl.types import Group, Request
 
 
 def _check(n: int, c: int, k: int) -> None:
@@ -56,3 +63,55 @@ def mean_pass_at_k(n: ArrayLike, c: ArrayLike, k: int) -> float:
     """The mean of pass@k over problems (NaN when there are none)."""
     values = pass_at_k_array(n, c, k)
     return float(values.mean()) if values.size else float("nan")
+
+
+@dataclass
+class ProblemResult:
+    id: str
+    n: int
+    c: int
+    first: list[int]  # correctness of the samples, in order (for avg@k)
+    greedy: int | None
+    length: float  # mean sampled completion length (tokens)
+    greedy_length: float | None
+    truncated: int  # sampled completions cut at max_new_tokens
+
+
+def score_problems(generator: Any, rewards: Any, problems: list, prompt_ids: dict[str, list[int]], *, n: int,
+                   max_new_tokens: int | None = None, label: str = "", progress: bool = True,
+                   keep_stream: bool = False) -> list[ProblemResult]:
+    """One greedy and `n` sampled completions per problem, scored by `rewards`: the evaluation both
+    `adarl eval` and the trainer's held-out evaluation run. `keep_stream`: the generator's sampling
+    stream is where it was before (a held-out evaluation never shifts the training stream)."""
+    stream = generator.rng.get_state() if keep_stream else None
+    try:
+        return _score(getattr(generator, "unbranched", generator), rewards, problems, prompt_ids, n,
+                      max_new_tokens, label, progress)  # evaluation samples independently (no tree)
+    finally:
+        if stream is not None:
+            generator.rng.set_state(stream)
+
+
+def _score(generator: Any, rewards: Any, problems: list, prompt_ids: dict[str, list[int]], n: int,
+           max_new_tokens: int | None, label: str, progress: bool) -> list[ProblemResult]:
+
+    def generate(k: int, greedy: bool, what: str) -> list[Group]:
+        with RowsBar(f"{label} {what}".strip(), len(problems) * k, enabled=progress) as bar:
+            out = generator.generate([Request(p.id, prompt_ids[p.id], k) for p in problems], greedy=greedy,
+                                     max_new_tokens=max_new_tokens, stop_when=bar.observe)
+        groups = [Group(p, prompt_ids[p.id], out[i * k:(i + 1) * k]) for i, p in enumerate(problems)]
+        rewards.score(groups)
+        return groups
+
+    greedy = generate(1, True, "greedy")
+    sampled: list[Any] = generate(n, False, f"{n} samples") if n > 0 else [None] * len(problems)
+    results = []
+    for p, g, s in zip(problems, greedy, sampled, strict=True):
+        correct = [int(x) for x in s.correct] if s is not None else []
+        results.append(ProblemResult(
+            id=p.id, n=len(correct), c=sum(correct), first=correct, greedy=int(g.correct[0]),
+            length=float(np.mean([len(r) for r in s.rollouts])) if s is not None else 0.0,
+            greedy_length=float(len(g.rollouts[0])),
+            truncated=sum(r.finish_reason == "length" for r in s.rollouts) if s is not None else 0,
+        ))
+    return results

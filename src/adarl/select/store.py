@@ -129,6 +129,14 @@ class DifficultyStore:
 
     # ---------------------------------------------------------------- state
 
+    def climb(self, rungs: dict[str, int]) -> dict[str, float]:
+        """Record the rung (an index into RUNGS) each prompt's group reached this step; `ladder/<rung>`
+        counts. Prompts outside the pool (a swarm's, a buffer's) are counted, not stored."""
+        for pid, rung in rungs.items():
+            if pid in self.index:
+                self.rung[self.index[pid]] = rung
+        return {f"ladder/{name}": float(sum(r == i for r in rungs.values())) for i, name in enumerate(RUNGS)}
+
     def selection_metrics(self, chosen: list[int]) -> dict[str, float]:
         """What the store knew of the prompts `chosen` (indices) before this step: their difficulty
         (posterior-mean pass rate), the fraction never trained on (a selector can only act on prompts

@@ -248,3 +248,23 @@ def load(path: Path, model: torch.nn.Module) -> tuple[dict, dict[str, Any]]:
         for name, tensor in weights.items():
             params[name].copy_(tensor)
     return optimizer_state, state
+
+
+def save_dcp(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: Path) -> None:
+    """Weights and optimizer state by parameter name, each rank its shards (`torch.distributed.checkpoint`)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optim_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(path))
+
+
+def load_dcp(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: Path) -> None:
+    """`save_dcp`'s folder into `model` and `optimizer`, re-sharded to this world size (one process: whole)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_state, optim_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optimizer": optim_state}
+    dcp.load(state, checkpoint_id=str(path))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])

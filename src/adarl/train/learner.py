@@ -359,7 +359,7 @@ class Learner:
     def load_sharded(self, path: Path, state: dict[str, Any]) -> None:
         """Weights and optimizer from a sharded checkpoint (`torch.distributed.checkpoint`, written by any
         number of ranks), then `load_state_dict(state)`."""
-        from adarl.train.sharded import load_dcp
+        from adarl.train.checkpoint import load_dcp
 
         load_dcp(self.model, self.optimizer, path)
         self.load_state_dict(state)

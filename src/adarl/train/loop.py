@@ -1,27 +1,29 @@
 """The run loop around `Trainer.train_step`: the run directory's logs (metrics, prompts, rollouts,
-trackers), held-out evaluations, checkpoints and `final/`, user callbacks, the stop after
-repeated non-finite updates, and the HTML report at the end."""
+trackers), held-out evaluations, checkpoints (what each stage keeps) and `final/`, user callbacks, the
+stop after repeated non-finite updates, and the HTML report at the end. `t` is the Trainer
+(train/trainer.py), which imports this module; nothing here imports it back."""
 
 from __future__ import annotations
 
 import functools
+import random
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import numpy as np
 import torch
 
 from adarl.config import dump_recipe
+from adarl.metrics.passk import score_problems
 from adarl.metrics.progress import Progress
 from adarl.metrics.sinks import MetricsWriter
+from adarl.tasks.mixture import pass1_by_share
 from adarl.train import checkpoint
 from adarl.train.callbacks import eval_part, notify
 from adarl.train.checkpoint import crash_point
-
-if TYPE_CHECKING:
-    from adarl.train.trainer import Trainer
 
 MAX_BAD_UPDATES = 3  # updates in a row with a non-finite loss or gradient that stop the run
 
@@ -56,10 +58,67 @@ def _malloc_trim() -> Any:
         return None
 
 
-def _due(t: Trainer, every: int) -> bool:
+def evaluate(t: Any) -> dict[str, float]:
+    """Held-out greedy pass@1 (overall, and per share of a mixed task) and length (and pass@k /
+    mean@k over `eval.samples` samples)."""
+    crash_point("eval", t.step)
+    cfg = t.recipe.eval
+    problems = t.task.eval[: cfg.size] if cfg.size else t.task.eval
+    if not problems:
+        return {}
+    t0 = time.perf_counter()
+    results = score_problems(t.generator, t.rewards, problems, {p.id: t.prompt_ids(p) for p in problems},
+                             n=cfg.samples, max_new_tokens=cfg.max_new_tokens or t.recipe.rollout.max_new_tokens,
+                             label="eval", progress=t.recipe.log.progress and sys.stderr.isatty(), keep_stream=True)
+    out = {"eval/pass@1": float(np.mean([r.greedy for r in results])),
+           "eval/length": float(np.mean([r.greedy_length for r in results])),
+           **pass1_by_share(problems, [r.greedy for r in results])}  # a mixed task's shares
+    if cfg.samples:
+        out[f"eval/mean@{cfg.samples}"] = float(np.mean([r.c / r.n for r in results]))
+        out[f"eval/pass@{cfg.samples}"] = float(np.mean([r.c > 0 for r in results]))
+    return {**out, "eval_s": time.perf_counter() - t0}
+
+
+def components(t: Any) -> dict[str, Any]:
+    """Every stage object of the recipe, by a stable name: what keeps state is checkpointed."""
+    return {"selector": t.selector, "allocator": t.allocator, "estimator": t.estimator,
+            "loss": t.learner.loss, **({"hints": t.hints} if t.hints is not None else {}),
+            **{f"shaping.{i}": c for i, c in enumerate(t.shapings)},
+            **{f"tokens.{i}": c for i, c in enumerate(t.token_weightings)}}
+
+
+def state_of(t: Any) -> dict[str, Any]:
+    """What a checkpoint holds of the run besides the weights and the optimizer: every stage's state."""
+    return {"step": t.step, "budget": t.budget.state_dict(), "store": t.store.state_dict(),
+            "totals": t.totals.state_dict(),
+            "components": {name: c.state_dict() for name, c in components(t).items()},
+            "generator": t.generator.state_dict(), "rollout_scheduler": t.rollouts.state_dict(),
+            **t.learner.state_dict(), "np_rng": t.np_rng.bit_generator.state,
+            "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(), "wall_s": t.wall_offset}
+
+
+def load_state(t: Any, state: dict[str, Any]) -> None:
+    t.step, t.wall_offset = state["step"], state["wall_s"]
+    t.budget.load_state_dict(state["budget"])
+    t.store.load_state_dict(state["store"])
+    t.totals.load_state_dict(state.get("totals", {}))  # checkpoints before issue 38 have none
+    # checkpoints written before "components" held the selector's and the allocator's state only
+    saved = state.get("components") or {"selector": state["selector"], "allocator": state["allocator"]}
+    for name, component in components(t).items():
+        if name in saved:
+            component.load_state_dict(saved[name])
+    t.generator.load_state_dict(state["generator"])
+    t.rollouts.load_state_dict(state.get("rollout_scheduler", {"next_id": 0, "buffer": []}))
+    t.learner.load_state_dict(state)
+    t.np_rng.bit_generator.state = state["np_rng"]
+    torch.set_rng_state(state["torch_rng"])
+    random.setstate(state["python_rng"])
+
+
+def _due(t: Any, every: int) -> bool:
     return (every > 0 and t.step % every == 0) or t.done()
 
-def run(t: Trainer, resume: bool = False, callbacks: Sequence[Any] = ()) -> dict[str, float]:
+def run(t: Any, resume: bool = False, callbacks: Sequence[Any] = ()) -> dict[str, float]:
     """Train to the end of the budget (or until a callback asks to stop); the last metrics row.
 
     `callbacks`: see `adarl.train.callbacks`. A stop asked by one writes a checkpoint and
@@ -80,7 +139,7 @@ def run(t: Trainer, resume: bool = False, callbacks: Sequence[Any] = ()) -> dict
     t_start = time.perf_counter() - t.wall_offset
     try:
         if not resumed and t.recipe.eval.at_start:
-            row = {"step": 0, **first, **t.budget.metrics(), **t.evaluate()}
+            row = {"step": 0, **first, **t.budget.metrics(), **evaluate(t)}
             first = {}
             crash_point("metrics", 0)
             writer.write(row)
@@ -93,7 +152,7 @@ def run(t: Trainer, resume: bool = False, callbacks: Sequence[Any] = ()) -> dict
                 release_memory()
                 first = {}
                 if _due(t, t.recipe.eval.every):
-                    row.update(t.evaluate())
+                    row.update(evaluate(t))
                 t.wall_offset = row["wall_s"] = time.perf_counter() - t_start
                 crash_point("metrics", t.step)
                 writer.write(row)
@@ -118,8 +177,8 @@ def run(t: Trainer, resume: bool = False, callbacks: Sequence[Any] = ()) -> dict
         t.rollouts.close()  # async mode: stop the generation thread
         t.generator.close()  # vllm: shut the engine down; a Ray pool: its workers
         t.learner.close()  # sharded: the other ranks stop serving
-        if t.swarm is not None:
-            t.swarm.close()
+        if t.peers is not None:
+            t.peers.close()
     try:
         from adarl.report import write_report
 
@@ -129,7 +188,7 @@ def run(t: Trainer, resume: bool = False, callbacks: Sequence[Any] = ()) -> dict
     return last
 
 
-def _stop_non_finite(t: Trainer, saved: bool) -> None:
+def _stop_non_finite(t: Any, saved: bool) -> None:
     """Save the last good state (skipped updates never touched the weights) and stop."""
     path = checkpoint.latest(t.run_dir / "checkpoints") if saved else save_checkpoint(t)
     raise NonFiniteUpdates(
@@ -139,16 +198,16 @@ def _stop_non_finite(t: Trainer, saved: bool) -> None:
         f"train.max_grad_norm or check the rewards, then continue with: adarl train --resume {t.run_dir}")
 
 
-def save_checkpoint(t: Trainer) -> Path:
+def save_checkpoint(t: Any) -> Path:
     crash_point("checkpoint", t.step)
     sharded = t.learner.sharded  # each rank writes its shards; else the full weights and optimizer state
     path = checkpoint.save(t.run_dir / "checkpoints", t.step, t.model,
-                           None if sharded else t.learner.optimizer.state_dict(), t.state_dict(),
+                           None if sharded else t.learner.optimizer.state_dict(), state_of(t),
                            keep=t.recipe.checkpoint.keep, write_sharded=t.learner.save_sharded if sharded else None)
     t.store.to_parquet(t.run_dir / "store.parquet")  # the difficulty store, for users to query
     return path
 
-def resume_from_checkpoint(t: Trainer) -> bool:
+def resume_from_checkpoint(t: Any) -> bool:
     """Load the latest complete checkpoint, if any (`run` then drops the metrics rows after it)."""
     path = checkpoint.latest(t.run_dir / "checkpoints")
     if path is None:
@@ -166,13 +225,13 @@ def resume_from_checkpoint(t: Trainer) -> bool:
         else:
             optimizer_state, state = checkpoint.load(path, t.model)
             t.learner.optimizer.load_state_dict(optimizer_state)
-        t.load_state_dict(state)
+        load_state(t, state)
     except (RuntimeError, ValueError, KeyError, OSError, EOFError) as err:
         raise ResumeError(f"cannot resume {t.run_dir} from {path.name}: {err}") from err
     print(f"resume: continuing {t.run_dir} from step {t.step} ({path.name})", file=sys.stderr, flush=True)
     return True
 
-def save_final(t: Trainer) -> None:
+def save_final(t: Any) -> None:
     """`final/`: a Hugging Face folder, written under `final.tmp/` and renamed when complete."""
     crash_point("final", t.step)
     checkpoint.save_model(t.run_dir / "final", t.model, t.tokenizer, phase="final", step=t.step)

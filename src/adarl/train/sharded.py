@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from adarl.train.checkpoint import load_dcp, save_dcp
 from adarl.train.learner import Learner, StepData
 from adarl.train.logprobs import completion_logprobs
 from adarl.types import Batch
@@ -79,25 +80,6 @@ def release_followers() -> None:
     if _serving and rank() == 0:
         _serving = False
         _broadcast(("close", (), None))
-
-
-def follow(recipe: Any) -> None:
-    """Ranks 1..N-1 of `torchrun ... -m adarl.cli train RECIPE`: build the learner as rank 0 does and serve
-    its calls until it closes. These ranks generate, verify and write nothing."""
-    from adarl import registry
-    from adarl.models import load_model
-    from adarl.train.trainer import build_learner
-
-    torch.manual_seed(recipe.seed)
-    if recipe.model.threads:
-        torch.set_num_threads(recipe.model.threads)
-    model, tokenizer = load_model(recipe.model, for_training=True)
-    if recipe.train.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    learner = build_learner(recipe, model, registry.build("loss", recipe.loss), pad_id,
-                            np.random.default_rng(recipe.seed))
-    learner.serve()
 
 
 def split_by_tokens(order: list[int], lengths: list[int], ranks: int) -> list[list[int]]:
@@ -318,23 +300,3 @@ def _restore(portable: tuple) -> Batch:
         rollouts = batch.rollouts
         batch.span_advantages = {id(rollouts[i].spans[j]): value for (i, j), value in by_place.items()}
     return batch
-
-
-def save_dcp(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: Path) -> None:
-    """Weights and optimizer state by parameter name, each rank its shards (`torch.distributed.checkpoint`)."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
-    model_state, optim_state = get_state_dict(model, optimizer)
-    dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(path))
-
-
-def load_dcp(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: Path) -> None:
-    """`save_dcp`'s folder into `model` and `optimizer`, re-sharded to this world size (one process: whole)."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
-    model_state, optim_state = get_state_dict(model, optimizer)
-    state = {"model": model_state, "optimizer": optim_state}
-    dcp.load(state, checkpoint_id=str(path))
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])

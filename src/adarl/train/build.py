@@ -1,0 +1,88 @@
+"""The parts of a run the recipe chooses an engine or a method for, built here so that the trainer
+(train/trainer.py) composes them without naming any:
+
+- the rewards: scored in this process's worker pool, or on Ray verifier actors (`cluster.verifiers`);
+- the peers: other trainers of a SAPO swarm that share verified groups (`cluster.sapo`), or none;
+- the learner: one process, or sharded over torchrun's ranks with FSDP2 (`train.parallel: fsdp2`),
+  with the reference model, entropy statistics and distillation teacher its loss needs.
+
+`follow` is what ranks 1..N-1 of a sharded run do: build the same learner and serve rank 0's calls.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import numpy as np
+import torch
+
+from adarl.config import AdaptiveTemperature, Recipe
+from adarl.models import load_reference
+from adarl.tokens.entropy import EntropyObserver
+from adarl.train.learner import Learner
+from adarl.train.teacher import Teacher
+
+
+def build_rewards(recipe: Recipe) -> Any:
+    """The recipe's reward functions, scored by an isolated process pool (here, or on each Ray verifier)."""
+    if recipe.cluster.verifiers:
+        from adarl.cluster.verifiers import RayRewards
+
+        return RayRewards(recipe.rewards, recipe.cluster.verifiers, recipe.reward_workers, recipe.reward_timeout_s,
+                          recipe.cluster.verifier_cpus, recipe.cluster.address)
+    from adarl.rewards import Rewards
+
+    return Rewards(recipe.rewards, workers=recipe.reward_workers, timeout_s=recipe.reward_timeout_s)
+
+
+def build_peers(recipe: Recipe, tokenizer: Any) -> Any:
+    """Other trainers' verified groups (`exchange(groups, rewards) -> (foreign groups, metrics)`,
+    `close()`), or None when the run trains alone."""
+    if recipe.cluster.sapo is None:
+        return None
+    from adarl.cluster.sapo import Swarm
+
+    return Swarm(recipe.cluster.sapo, tokenizer, recipe.rollout.max_new_tokens, recipe.cluster.address)
+
+
+def build_learner(recipe: Recipe, model: torch.nn.Module, loss: Any, pad_id: int, rng: np.random.Generator,
+                  tokenizer: Any = None) -> Learner:
+    """The recipe's learner of `model`, with the reference model, entropy statistics and teacher its loss
+    needs. Sharded (`train.parallel: fsdp2`), it trains a copy of `model` split over the ranks and
+    `publish` gathers the trained weights back into `model` (what rank 0's generator samples from);
+    every rank builds it alike. `tokenizer`: the teacher's (distillation), on rank 0."""
+    entropy = None  # normalised entropy statistics: fitted by the learner on each batch
+    if loss.needs_entropy or recipe.rollout.adaptive_temperature is not None:
+        entropy = EntropyObserver((recipe.rollout.adaptive_temperature or AdaptiveTemperature()).pivot)
+    reference = load_reference(recipe.model) if loss.kl_coef > 0 and recipe.model.lora is None else None
+    teacher = None if recipe.distill is None or tokenizer is None else Teacher(
+        recipe.distill, model, tokenizer, recipe.rollout.temperature, recipe.train.logit_chunk)
+    learner_class: type[Learner] = Learner
+    if recipe.train.parallel == "fsdp2":
+        from adarl.train.sharded import ShardedLearner
+
+        learner_class = ShardedLearner
+        if tokenizer is not None:  # rank 0 keeps `model` whole for its generator
+            model = copy.deepcopy(model)
+    return learner_class(model, loss, recipe.train, temperature=recipe.rollout.temperature, pad_id=pad_id, rng=rng,
+                         reference=reference, max_len=recipe.loss.get("max_len") or recipe.rollout.max_new_tokens,
+                         entropy=entropy, teacher=teacher)
+
+
+def follow(recipe: Recipe) -> None:
+    """Ranks 1..N-1 of `torchrun ... -m adarl.cli train RECIPE`: build the learner as rank 0 does and serve
+    its calls until it closes. These ranks generate, verify and write nothing."""
+    from adarl import registry
+    from adarl.models import load_model
+
+    torch.manual_seed(recipe.seed)
+    if recipe.model.threads:
+        torch.set_num_threads(recipe.model.threads)
+    model, tokenizer = load_model(recipe.model, for_training=True)
+    if recipe.train.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    learner = build_learner(recipe, model, registry.build("loss", recipe.loss), pad_id,
+                            np.random.default_rng(recipe.seed))
+    learner.serve()
