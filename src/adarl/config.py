@@ -483,6 +483,9 @@ class SapoConfig(Section):
     share: float = Field(1.0, ge=0.0, le=1.0)  # the fraction of each step's verified groups published
     take: int = Field(4, ge=0, le=100_000)  # foreign groups trained on per step, at most (the paper's J)
     capacity: int = Field(1024, gt=0, le=1_000_000)  # groups the swarm's queue keeps (the newest)
+    # a foreign group with a longer prompt or more rollouts is dropped and counted (sapo/rejected)
+    max_prompt_tokens: int = Field(32768, gt=0, le=1_000_000)
+    max_group_size: int = Field(1024, gt=0, le=100_000)
 
 
 class ClusterConfig(Section):

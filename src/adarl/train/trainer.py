@@ -106,8 +106,10 @@ class Trainer:
         if recipe.cluster.sapo is not None:
             from adarl.cluster.sapo import Swarm
 
+            agent = recipe.rollout.agent
+            context = None if agent is None else agent.max_context_tokens or 4 * recipe.rollout.max_new_tokens
             self.swarm = Swarm(recipe.cluster.sapo, self.tokenizer, recipe.rollout.max_new_tokens,
-                               recipe.cluster.address)
+                               recipe.cluster.address, max_completion_tokens=context)
         self.budget = Budget(recipe.budget.max_tokens, recipe.budget.tokens_per_step,
                              recipe.budget.rollouts_per_step, expected_length=recipe.rollout.max_new_tokens)
         self.store = DifficultyStore([p.id for p in self.task.train], *self.selector.store_decay(),
