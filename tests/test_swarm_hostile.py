@@ -251,7 +251,9 @@ def test_a_tool_span_name_of_a_megabyte_is_rejected():
 @pytest.fixture
 def local_swarm():
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
+    from adarl.cluster import start_private
+
+    start_private(num_cpus=1)
     yield ray
     ray.shutdown()
 
