@@ -658,3 +658,81 @@ def test_a_shut_down_pool_cancels_what_is_queued_and_takes_no_more():
     assert queued.cancelled()
     with pytest.raises(RuntimeError, match="shut down"):
         pool.submit(math.sqrt, 1.0, timeout_s=1.0)
+
+
+# ---------------------------------------------------------------- E. calls that had no deadline, and hung threads
+
+def test_hung_threads_are_capped_and_past_the_cap_calls_are_refused_and_counted():
+    from adarl.rollout.daemon_pool import PoolExhausted
+
+    release = threading.Event()
+    pool = DaemonPool(4, "test", max_abandoned=3)
+    hung = [pool.submit(release.wait, timeout_s=0.1) for _ in range(3)]
+    for future in hung:
+        with pytest.raises(CallTimeout):
+            bounded(lambda f=future: f.result(), 1.5)
+    assert pool.abandoned == 3 and pool.timeouts == 3
+    refused = bounded(lambda: pool.submit(math.sqrt, 4.0, timeout_s=5.0), 0.1)  # failed at once, never run
+    with pytest.raises(PoolExhausted, match=r"^test: 3 earlier calls are still hung past their deadlines \(at most 3"):
+        refused.result(timeout=0.1)
+    assert isinstance(refused.exception(), CallTimeout) and pool.refused == 1
+    release.set()  # the hung calls return: their threads end, and the pool takes calls again
+    deadline = time.monotonic() + 2.0
+    while pool.abandoned and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert pool.abandoned == 0 and bounded(lambda: pool.submit(math.sqrt, 9.0, timeout_s=5.0).result(), 1.0) == 3.0
+
+
+def test_a_refused_tool_call_censors_the_rollout_as_a_timeout():
+    ag, _, prompt = agent({0: [CALC, "x"]}, tool_timeout_s=DEADLINE_S)
+    ag.pool.max_abandoned = 0  # as if the cap were reached
+    (r,) = bounded(lambda: run(ag, prompt), 2.0)
+    assert r.finish_reason == "censored" and ag.metrics()["agent/censored/timeout"] == 1
+
+
+def test_a_hung_demonstration_fails_within_the_tool_deadline():
+    class HungDemo(Calculator):
+        def demonstration(self, prompt: Any = "", **row: Any):
+            HANG.wait()
+
+    ag, _, _ = agent({0: ["x"]}, env=HungDemo, tool_timeout_s=DEADLINE_S)
+    with pytest.raises(EnvironmentFailure, match=r"problem 'p': the environment's demonstration\(\) did not answer "
+                                                 r"in 0.3 s \(rollout.agent.tool_timeout_s\)"):
+        bounded(lambda: ag.demonstration(ag.problems["p"]), 2.0)
+
+
+def test_a_demonstration_that_raises_still_reaches_the_caller():
+    class BadDemo(Calculator):
+        def demonstration(self, prompt: Any = "", **row: Any):
+            raise KeyError("no demo")
+
+    ag, _, _ = agent({0: ["x"]}, env=BadDemo, tool_timeout_s=DEADLINE_S)
+    with pytest.raises(KeyError, match="no demo"):
+        bounded(lambda: ag.demonstration(ag.problems["p"]), 2.0)
+
+
+def test_an_environment_whose_copy_hangs_is_not_branched_and_the_copy_is_bounded():
+    from adarl.rollout.arpo import ArpoBranching
+    from adarl.rollout.tools import Calculator as Calc
+    from adarl.types import Problem, Request
+    from test_arpo import CALL as ARPO_CALL
+    from test_arpo import Scripted as EntropyScripted
+
+    class CopyHangs(Calc):
+        def __deepcopy__(self, memo):
+            HANG.wait()
+
+    answer = ("The answer is 408.", 0.5)
+    gen = EntropyScripted({0: [(ARPO_CALL % "12*34", 0.0), (ARPO_CALL % "408*1", 3.0), answer],
+                           1: [answer], 2: [answer], 3: [answer]})
+    ag = AgentGeneratorFor(gen, CopyHangs, {"p": Problem("p", "What is 12 * 34?", answer="408")},
+                           branching=ArpoBranching(initial_fraction=0.34, entropy_weight=100.0, branch_probability=0.0))
+    out = bounded(lambda: ag.generate([Request("p", [1, 2], 3)]), DEADLINE_S + 3.0)
+    assert len(out) == 3 and all(r.text == "The answer is 408." for r in out)
+    assert ag.metrics()["branch/copy_failures"] == 1 and ag.metrics()["branch/branches"] == 0
+
+
+def AgentGeneratorFor(gen, env, problems, **kw):
+    from adarl.rollout.agent import AgentGenerator
+
+    return AgentGenerator(gen, env, problems, max_turns=4, reset_timeout_s=DEADLINE_S, **kw)

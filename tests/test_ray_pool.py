@@ -25,6 +25,7 @@ import yaml
 
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'adarl[ray]')")
 
+from adarl.cluster import start_private  # noqa: E402
 from adarl.cluster.ray_pool import RayRolloutPool  # noqa: E402
 from adarl.config import ClusterConfig, ModelConfig, RolloutConfig, load_recipe  # noqa: E402
 from adarl.models import load_model  # noqa: E402
@@ -41,7 +42,7 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 @pytest.fixture(scope="module")
 def local_ray():
     """One private Ray for the module's pools (each pool would otherwise start and stop its own)."""
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
+    start_private(num_cpus=2)  # loopback only, as a run's private cluster
     yield
     ray.shutdown()
 

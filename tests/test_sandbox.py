@@ -334,7 +334,7 @@ def test_capabilities_on_this_machine(caps: dict[str, object]) -> None:
     assert "error" not in caps, caps
     if caps["root"]:  # CI runs as root on a Linux VM: the whole sandbox must be there
         for layer in ("network_namespace", "pid_namespace", "mount_namespace", "filesystem_jail",
-                      "private_uid", "nproc_limit", "disk_quota"):
+                      "cgroup_namespace", "private_uid", "nproc_limit", "disk_quota"):
             assert caps[layer], layer
 
 

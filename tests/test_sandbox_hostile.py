@@ -391,3 +391,35 @@ def test_an_answer_that_is_not_plain_data_is_no_exception_a_test_could_expect() 
     cheat = "```python\nclass Anything:\n    pass\ndef f(x):\n    return 2 * x if x > 0 else Anything()\n```"
     passed, result = code_reward.run(cheat, cols)
     assert not passed and "no plain data" in result.stderr, result
+
+
+# ---------------------------------------------------------------- 7. what the program learns about the host
+
+def _layer_or_skip(caps: dict[str, object], layer: str) -> None:
+    if not caps[layer]:
+        if caps["root"]:
+            pytest.fail(f"{layer} is off as root")
+        pytest.skip(f"no {layer} here")
+
+
+def test_the_program_sees_no_host_cgroup_path(caps):
+    # was: "4:memory:/process_api/<the host's container id>" (time cap: the sandbox's own 10 s)
+    _layer_or_skip(caps, "cgroup_namespace")
+    r = run_code("print(open('/proc/self/cgroup').read())", timeout_s=10)
+    assert r.ok, r.stderr
+    lines = [line for line in r.stdout.splitlines() if line]
+    assert lines and all(line.rsplit(":", 1)[1] == "/" for line in lines), r.stdout
+
+
+def test_the_program_sees_only_the_jails_mount_points(caps):
+    # the jail's own mounts, none of the host's others (the repository, /sys, /run, /home, the host's /tmp);
+    # what stays visible is documented: the devices and options of the read-only binds (time cap 10 s)
+    _layer_or_skip(caps, JAIL)
+    r = run_code("print(open('/proc/self/mountinfo').read())", timeout_s=10)
+    assert r.ok, r.stderr
+    points = {line.split()[4] for line in r.stdout.splitlines() if line.strip()}
+    prefix = os.path.realpath(sys.base_prefix)
+    allowed = {"/", "/etc", "/usr", "/proc", "/tmp", *(f"/dev/{d}" for d in ("null", "zero", "full", "random",
+                                                                              "urandom"))}
+    assert points - allowed <= {prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable))}, points
+    assert str(REPO) not in r.stdout and "/sys" not in points and "/run" not in points

@@ -48,6 +48,13 @@ def check_run(recipe: Recipe, run_dir: Path, resume: bool) -> None:
             validate_callable(r.function)
     if missing := missing_packages(recipe.rollout, recipe.cluster):
         raise RecipeError("; ".join(missing))
+    if recipe.rollout.agent is not None:  # its module imported in a worker, under a deadline, before any model
+        from adarl.rollout.tools import validate_environment
+
+        try:
+            validate_environment(recipe.rollout.agent.environment)
+        except ValueError as err:
+            raise RecipeError(str(err)) from None
 
 
 def train(recipe: str | Path | dict[str, Any] | Recipe, run_dir: str | Path | None = None, *,

@@ -133,6 +133,10 @@ class TaskConfig(Section):
     answer_after: str | None = Field(None, min_length=1)
     skip_bad_lines: bool = False  # skip (and count) malformed lines instead of stopping
     max_bad_fraction: float = Field(0.1, ge=0.0, le=1.0)  # more bad lines than this is an error
+    # untrusted data files (tasks/guard.py): larger files (or a parquet's decompressed data) and larger
+    # lines/rows are refused, naming the file
+    max_file_mb: float = Field(4096.0, gt=0, le=1_000_000)
+    max_row_mb: float = Field(16.0, gt=0, le=1024)
     # hf_datasets: path (and eval_path) is a local data file or folder read with `datasets`, or a Hub dataset
     # id (org/name) read from the Hugging Face cache (adarl.hub); fields and skip_bad_lines as for jsonl
     config: str | None = None  # the subset (a Hub dataset's config, e.g. gsm8k's main); None: the data's only one
@@ -479,6 +483,9 @@ class SapoConfig(Section):
     share: float = Field(1.0, ge=0.0, le=1.0)  # the fraction of each step's verified groups published
     take: int = Field(4, ge=0, le=100_000)  # foreign groups trained on per step, at most (the paper's J)
     capacity: int = Field(1024, gt=0, le=1_000_000)  # groups the swarm's queue keeps (the newest)
+    # a foreign group with a longer prompt or more rollouts is dropped and counted (sapo/rejected)
+    max_prompt_tokens: int = Field(32768, gt=0, le=1_000_000)
+    max_group_size: int = Field(1024, gt=0, le=100_000)
 
 
 class ClusterConfig(Section):

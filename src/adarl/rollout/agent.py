@@ -371,7 +371,12 @@ class AgentGenerator:
             raise EnvironmentFailure(f"problem {problem.id!r}: the environment's reset failed ({t.censored_by}); "
                                      "fix the environment, or raise rollout.agent.reset_timeout_s if it is slow")
         row = {**problem.columns, "prompt": problem.prompt, "answer": problem.answer}
-        calls = getattr(t.env, "demonstration", lambda **_: None)(**row)
+        demonstrate = getattr(t.env, "demonstration", lambda **_: None)
+        try:  # user code: under the tools' deadline, as every environment call
+            calls = self.pool.submit(lambda: demonstrate(**row), timeout_s=self.tool_timeout_s).result()
+        except CallTimeout:
+            raise EnvironmentFailure(f"problem {problem.id!r}: the environment's demonstration() did not answer in "
+                                     f"{self.tool_timeout_s:g} s (rollout.agent.tool_timeout_s)") from None
         if not calls or problem.answer is None:
             return None
         written = "".join(f'<tool_call>{json.dumps({"name": c.name, "arguments": c.arguments})}</tool_call>'
@@ -734,8 +739,8 @@ class AgentGenerator:
             t.streak = t.streak + 1 if k else 0
             for _ in range(k):
                 try:
-                    env = copy.deepcopy(t.env)
-                except Exception:  # an environment that cannot be copied is not branched
+                    env = self.resets.submit(copy.deepcopy, t.env, timeout_s=self.reset_timeout_s).result()
+                except Exception:  # an environment that cannot be copied (in time) is not branched
                     self._branch_stats["copy_failures"] += 1
                     break
                 (key,) = self.generator.new_keys([replace(requests[t.request], n=1)])

@@ -11,6 +11,11 @@ daemon thread of its own, at most `workers` at a time; at its deadline (counted 
 spent queued counts) its future fails with `CallTimeout`, whether it was running or still queued. A
 running call is then abandoned: its thread finishes or hangs alone, never blocking exit, and its
 slot goes to the next call. `timeouts` counts the calls that failed so.
+
+Abandoned threads are capped: while `max_abandoned` of them are still running (hung user code holds
+a thread, its stack and whatever it allocated), `submit` fails every new call at once with
+`PoolExhausted` (a `CallTimeout`, so callers censor it as they censor a timeout) and counts it in
+`refused`; as hung calls return, the pool takes calls again.
 """
 
 from __future__ import annotations
@@ -26,10 +31,19 @@ class CallTimeout(TimeoutError):
     """A call to user code did not answer before its deadline."""
 
 
+class PoolExhausted(CallTimeout):
+    """Refused at once: too many earlier calls are still hung past their deadlines."""
+
+
+MAX_ABANDONED = 256  # hung calls whose threads may still be running before a pool refuses new calls
+
+
 class DaemonPool:
-    def __init__(self, workers: int, name: str = "adarl-daemon") -> None:
-        self.workers, self.name = workers, name
+    def __init__(self, workers: int, name: str = "adarl-daemon", max_abandoned: int = MAX_ABANDONED) -> None:
+        self.workers, self.name, self.max_abandoned = workers, name, max_abandoned
         self.timeouts = 0  # calls failed at their deadline, ever (their threads may still be running)
+        self.abandoned = 0  # threads of calls failed at their deadline that are still running now
+        self.refused = 0  # calls refused because `max_abandoned` threads were still hung
         self._cond = threading.Condition()
         self._queued: list[tuple[Future, Callable[..., Any], tuple[Any, ...], float]] = []
         self._running: dict[Future, float] = {}  # a running call's future -> its deadline (time.monotonic())
@@ -42,6 +56,12 @@ class DaemonPool:
         with self._cond:
             if self._closed:
                 raise RuntimeError(f"{self.name}: the pool is shut down")
+            if self.abandoned >= self.max_abandoned:
+                self.refused += 1
+                future.set_exception(PoolExhausted(
+                    f"{self.name}: {self.abandoned} earlier calls are still hung past their deadlines "
+                    f"(at most {self.max_abandoned}); refused without running"))
+                return future
             self._queued.append((future, fn, args, time.monotonic() + timeout_s))
             self._dispatch()
         return future
@@ -74,7 +94,8 @@ class DaemonPool:
         except BaseException as exc:  # noqa: BLE001 - user code may raise anything (SystemExit too): it goes to the caller
             value, error = None, exc
         with self._cond:
-            if self._running.pop(future, None) is None:  # past its deadline: already failed
+            if self._running.pop(future, None) is None:  # past its deadline: already failed, now returned
+                self.abandoned -= 1
                 return
             self._dispatch()
         if error is None:
@@ -88,6 +109,7 @@ class DaemonPool:
             while self._queued or self._running:
                 now = time.monotonic()
                 late = [f for f, d in self._running.items() if d <= now]
+                self.abandoned += len(late)  # running: their threads go on alone
                 late += [f for f, _, _, d in self._queued if d <= now]
                 if late:
                     self._queued = [q for q in self._queued if q[3] > now]

@@ -18,6 +18,7 @@ import json
 import operator
 import re
 import sqlite3
+import sys
 from typing import Any
 
 from adarl.rollout.agent import ToolCall
@@ -174,19 +175,94 @@ class Search:
 
 
 ENVIRONMENTS: dict[str, type] = {"calculator": Calculator, "sql": SqlDatabase, "search": Search}
+IMPORT_TIMEOUT_S = 60.0  # how long importing an environment's module may take
+_HUNG: set[str] = set()  # modules whose import passed its deadline in this process
+
+
+def import_with_deadline(module: str, what: str, timeout_s: float | None = None) -> Any:
+    """`importlib.import_module(module)` on a daemon thread: ValueError naming `what` if it has not
+    finished in `timeout_s` (the thread is abandoned, and cannot keep the process from exiting);
+    whatever the import raised is raised here."""
+    import importlib
+    import threading
+
+    if module in _HUNG:  # still half-imported by the thread that hung: never hand out the half module
+        raise ValueError(f"{what}: importing {module!r} hung earlier in this process")
+    if module in sys.modules:
+        return sys.modules[module]
+    timeout_s = IMPORT_TIMEOUT_S if timeout_s is None else timeout_s
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["module"] = importlib.import_module(module)
+        except BaseException as exc:  # noqa: BLE001 - SystemExit too: re-raised below as what it is
+            out["error"] = exc
+
+    thread = threading.Thread(target=run, name=f"adarl-import-{module}", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        _HUNG.add(module)
+        raise ValueError(f"{what}: importing {module!r} did not finish in {timeout_s:g} s")
+    if "error" in out:
+        err = out["error"]
+        if isinstance(err, ImportError):
+            raise err
+        raise ValueError(f"{what}: importing {module!r} raised {type(err).__name__}: {err}") from None
+    return out["module"]
 
 
 def environment_class(name: str) -> type:
-    """A built-in environment by name, or a class by import path ("package.module:Class")."""
-    import importlib
-
+    """A built-in environment by name, or a class by import path ("package.module:Class"), its module
+    imported under a deadline (`import_with_deadline`)."""
     if name in ENVIRONMENTS:
         return ENVIRONMENTS[name]
     module, _, attr = name.partition(":")
     if not attr:
         raise ValueError(f"rollout.agent.environment {name!r}: not a built-in ({', '.join(ENVIRONMENTS)}) "
                          "nor an import path like 'package.module:Class'")
-    cls = getattr(importlib.import_module(module), attr)
+    try:
+        cls = getattr(import_with_deadline(module, f"rollout.agent.environment {name!r}"), attr)
+    except (ImportError, AttributeError) as err:
+        raise ValueError(f"rollout.agent.environment {name!r} cannot be loaded ({type(err).__name__}: {err})") from None
     if not callable(getattr(cls, "reset", None)):
         raise ValueError(f"rollout.agent.environment {name!r} has no reset(**row) method")
     return cls
+
+
+
+
+def check_environment(name: str) -> str:
+    """Run in a throwaway worker by `validate_environment`: "" if `name` loads as an environment, else why not."""
+    try:
+        environment_class(name)
+    except Exception as exc:  # noqa: BLE001 - the user's module may raise anything on import; it is reported
+        text = str(exc)
+        return text if text.startswith("rollout.agent.environment") else f"raised {type(exc).__name__}: {text}"
+    return ""
+
+
+def validate_environment(name: str, timeout_s: float = IMPORT_TIMEOUT_S) -> None:
+    """Check, before any model loads, that the environment ``"package.module:Class"`` imports and has
+    reset(): its module is imported in a throwaway supervised worker with a deadline, never in this
+    process, so an import that hangs, exits, crashes or raises is one ValueError naming the environment.
+    Built-in names and ``openenv`` import no user code and pass at once."""
+    if name in ENVIRONMENTS or name == "openenv":
+        return
+    if ":" not in name:
+        environment_class(name)  # the built-in names, in its error
+    from adarl.rewards.pool import WorkerPool, printable
+
+    where = f"rollout.agent.environment {name!r}"
+    with WorkerPool(1, timeout_s, memory_limit_mb=None) as pool:
+        [(value, status)] = pool.run([(check_environment, (name,))])
+        message = pool.errors[0][1] if pool.errors else ""
+    if status == "ok" and value:
+        raise ValueError(printable(value if value.startswith(where) else f"{where}: importing it {value}"))
+    if status == "timeout":
+        raise ValueError(f"{where}: importing it timed out after {timeout_s:g} s")
+    if status == "crashed":
+        raise ValueError(f"{where}: importing it {message.removeprefix('worker ')}")
+    if status == "error":
+        raise ValueError(f"{where}: importing it raised {message}")

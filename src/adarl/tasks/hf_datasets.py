@@ -32,6 +32,7 @@ from typing import Any
 from adarl import hub
 from adarl.config import TaskConfig
 from adarl.metrics.sinks import to_jsonable
+from adarl.tasks import guard
 from adarl.tasks.base import TaskSource, dedupe, remove_held, split_held_out
 from adarl.tasks.jsonl import DEFAULT_FIELDS, BadLines, _problem, field_map
 from adarl.types import Problem
@@ -71,14 +72,17 @@ def locate(path: str | Path, config: str | None, key: str = "task.path") -> tupl
     return (p / config, None) if (p / config).is_dir() else (p, config)
 
 
-def load_local(path: str | Path, config: str | None = None, key: str = "task.path") -> Any:
+def load_local(path: str | Path, config: str | None = None, key: str = "task.path",
+               max_file_mb: float = TaskConfig.model_fields["max_file_mb"].default) -> Any:
     """The Dataset or DatasetDict at `path` (a local file or folder, or a Hub id), of `config` when given;
-    ValueError if it is not a readable dataset."""
+    ValueError if it is not a readable dataset, or fails a check of `tasks.guard` (size, JSON depth,
+    parquet decompression) that runs before `datasets` reads a byte of it."""
     p, name = locate(path, config, key)
     builder = None if p.is_dir() else BUILDERS.get(p.suffix.lower())
     if not p.is_dir() and builder is None:
         raise ValueError(f"{path}: cannot read a '{p.suffix}' file as a dataset (extensions: "
                          f"{', '.join(BUILDERS)}; or a folder that save_to_disk wrote)")
+    guard.check_data(p, max_file_mb, path)
     datasets = _offline()
     cache = os.environ.get("HF_DATASETS_CACHE") or None  # read now: `datasets` read it at import
     bars = datasets.is_progress_bar_enabled()
@@ -95,7 +99,9 @@ def load_local(path: str | Path, config: str | None = None, key: str = "task.pat
             folders = sorted(q.name for q in p.iterdir() if q.is_dir() and not q.name.startswith("."))
             hint = (f" (task.config '{name}' is neither a subfolder of {p} nor a config its README declares; "
                     f"its subfolders: {', '.join(folders) or 'none'})")
-        raise ValueError(f"{path}: not readable as a dataset{hint}: {type(err).__name__}: {err}") from None
+        cause = err.__cause__ or err.__context__  # DatasetGenerationError hides pyarrow's reason here
+        why = f" ({type(cause).__name__}: {str(cause)[:300]})" if cause is not None else ""
+        raise ValueError(f"{path}: not readable as a dataset{hint}: {type(err).__name__}: {err}{why}") from None
     finally:
         if bars:
             datasets.enable_progress_bars()
@@ -137,12 +143,18 @@ def read_split(rows: Any, cfg: TaskConfig, where: str, bad: BadLines | None = No
     """Every problem of one split, in row order (duplicates kept); bad rows as `read_jsonl` treats lines."""
     fields = field_map(cfg)
     _check_fields(list(rows.column_names), fields, where)
+    rows = _text_columns(rows, fields, where)
+    max_row = int(cfg.max_row_mb * (1 << 20))
     skipped = BadLines()
     problems = []
-    for n, raw in enumerate(rows, start=1):
+    for n, raw in enumerate(_rows(rows, where), start=1):
         row = to_jsonable(raw)  # numpy values, NaN (a CSV's empty cell) -> plain JSON, None
         try:
-            problems.append(_problem(row, cfg, fields, f"{where}, row {n}", json.dumps(row, ensure_ascii=False)))
+            line = json.dumps(row, ensure_ascii=False)
+            if len(line) > max_row:
+                raise ValueError(f"{where}, row {n}: the row is over {guard.mib(max_row)} of text, more than "
+                                 f"task.max_row_mb ({cfg.max_row_mb:g}) allows")
+            problems.append(_problem(row, cfg, fields, f"{where}, row {n}", line))
         except ValueError as err:
             if not cfg.skip_bad_lines:
                 raise ValueError(f"{err} (set task.skip_bad_lines: true to skip bad rows)") from None
@@ -152,6 +164,37 @@ def read_split(rows: Any, cfg: TaskConfig, where: str, bad: BadLines | None = No
     if not problems:
         raise ValueError(f"{where}: no rows (the split is empty)")
     return problems
+
+
+def _text_columns(rows: Any, fields: dict[str, str], where: str) -> Any:
+    """`rows` without its binary, image, audio or video columns, none of them decoded (an image bomb is
+    never opened); ValueError if the prompt, answer or id is such a column (text is required there)."""
+    features = getattr(rows, "features", None) or {}
+    binary = {name: kind for name, f in features.items() if (kind := guard.binary_kind(f))}
+    for role, key in fields.items():
+        if key in binary:
+            raise ValueError(f"task.fields.{role}: {where}: column '{key}' holds {binary[key]} data, not text; "
+                             "map the role to a text column")
+    if binary:
+        log.warning("%s: columns %s hold binary data (%s), not text: left out of the problems' columns",
+                    where, ", ".join(sorted(binary)), ", ".join(sorted(set(binary.values()))))
+        rows = rows.remove_columns(sorted(binary))
+    return rows
+
+
+def _rows(rows: Any, where: str) -> Any:
+    """The rows of a split; an error the library raises reading one (a string that is not UTF-8, a torn
+    file) is one ValueError naming the row."""
+    n = 0
+    it = iter(rows)
+    while True:
+        n += 1
+        try:
+            yield next(it)
+        except StopIteration:
+            return
+        except Exception as err:  # noqa: BLE001 - pyarrow's and datasets' own errors, on data we did not write
+            raise ValueError(f"{where}, row {n}: not readable: {type(err).__name__}: {str(err)[:200]}") from None
 
 
 def _where(path: str | Path, split: str | None) -> str:
@@ -165,7 +208,7 @@ def load_hf_datasets(cfg: TaskConfig, data_seed: int) -> TaskSource:
     if cfg.eval_split and cfg.eval_path:
         raise ValueError("task.eval_split and task.eval_path both name the held-out problems; keep one")
     bad = BadLines()
-    data = load_local(cfg.path, cfg.config)
+    data = load_local(cfg.path, cfg.config, max_file_mb=cfg.max_file_mb)
     problems = read_split(pick_split(data, cfg.split, cfg.path), cfg, _where(cfg.path, cfg.split), bad)
     unique = dedupe(problems)
     if len(unique) < len(problems):
@@ -178,7 +221,8 @@ def load_hf_datasets(cfg: TaskConfig, data_seed: int) -> TaskSource:
         held = dedupe(read_split(rows, cfg, _where(cfg.path, cfg.eval_split), bad))[: cfg.eval_size]
         other = f"split '{cfg.eval_split}'"
     elif cfg.eval_path:
-        rows = pick_split(load_local(cfg.eval_path, cfg.config, "task.eval_path"), cfg.split, cfg.eval_path)
+        data = load_local(cfg.eval_path, cfg.config, "task.eval_path", cfg.max_file_mb)
+        rows = pick_split(data, cfg.split, cfg.eval_path)
         held = dedupe(read_split(rows, cfg, _where(cfg.eval_path, cfg.split), bad))[: cfg.eval_size]
         other = cfg.eval_path
     if held is not None:

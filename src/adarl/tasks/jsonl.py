@@ -31,10 +31,12 @@ from typing import Any
 
 from adarl.config import TaskConfig
 from adarl.tasks.base import TaskSource, dedupe, problem_id, remove_held, render_prompt, split_held_out
+from adarl.tasks.guard import MAX_JSON_DEPTH, bad_unicode, check_file_size, mib, scan_depth
 from adarl.types import Problem
 
 log = logging.getLogger(__name__)
 
+_SKIP = 1 << 20  # how much of an oversized line is read at a time, to skip it
 FIELD_ROLES = ("id", "prompt", "answer")
 DEFAULT_FIELDS = {role: role for role in FIELD_ROLES}
 
@@ -52,7 +54,12 @@ def field_map(cfg: TaskConfig) -> dict[str, str]:
 
 def _snippet(line: str, width: int = 80) -> str:
     line = line.strip()
-    return repr(line if len(line) <= width else line[:width] + "...")
+    return printable(repr(line if len(line) <= width else line[:width] + "..."))
+
+
+def printable(text: str) -> str:
+    """`text` with lone surrogates escaped, so a message about them can be printed and logged."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _messages(value: Any) -> list[dict[str, str]] | None:
@@ -106,14 +113,16 @@ def _problem(row: dict[str, Any], cfg: TaskConfig, fields: dict[str, str], where
         )
     if isinstance(raw, str) and not raw.strip():
         raise ValueError(f"{where}: prompt field '{key}' is empty: {_snippet(line)}")
-    for name in (key, fields["answer"], fields["id"]):  # JSON may escape a lone surrogate no tokenizer encodes
-        text = json.dumps(row.get(name), ensure_ascii=False)
+    # JSON may escape a lone surrogate no tokenizer encodes; any column may become text (hints, teachers)
+    if (name := bad_unicode(row)) is not None:
+        text = json.dumps({name: row[name]}, ensure_ascii=False)
         try:
             text.encode("utf-8")
+            shown = ""
         except UnicodeEncodeError as err:
-            raise ValueError(f"{where}: field '{name}' holds a character that is not valid Unicode text "
-                             f"({text[err.start:err.end].encode('utf-8', 'backslashreplace').decode()}, a lone "
-                             f"surrogate): {_snippet(line)}") from None
+            shown = text[err.start:err.end].encode("utf-8", "backslashreplace").decode() + ", "
+        raise ValueError(f"{where}: field '{printable(name)}' holds a character that is not valid Unicode text "
+                         f"({shown}a lone surrogate): {_snippet(line)}")
     answer = _answer(row.get(fields["answer"]))
     if cfg.answer_after is not None and answer is not None:
         if cfg.answer_after not in answer:
@@ -173,6 +182,9 @@ def _parse_line(raw: bytes, n: int, path: str | Path, cfg: TaskConfig, fields: d
         raise ValueError(f"{where}: not valid UTF-8 (byte {err.start + 1} of the line): {shown}") from None
     if not line.strip():
         return None
+    if (deep := scan_depth([raw])) is not None:
+        raise ValueError(f"{where}: JSON nested more than {MAX_JSON_DEPTH} levels deep (column {deep[1]}): "
+                         f"{_snippet(line)}")
     try:
         row = json.loads(line)
     except json.JSONDecodeError as err:
@@ -198,13 +210,21 @@ def read_jsonl(path: str | Path, cfg: TaskConfig, bad: BadLines | None = None) -
     p = Path(path).expanduser()
     if not p.is_file():
         raise ValueError(f"task file not found: {path}")
+    check_file_size(p, cfg.max_file_mb, path)
+    max_row = int(cfg.max_row_mb * (1 << 20))
     skipped = BadLines()
     problems = []
     lines = 0
     seen: set[str] = set()
     with p.open("rb") as f:
-        for n, raw in enumerate(f, start=1):
+        for n, raw in enumerate(iter(lambda: f.readline(max_row + 1), b""), start=1):
             try:
+                if len(raw) > max_row:  # read no more of it than the limit: skip the rest of the line
+                    while (rest := f.readline(_SKIP)) and not rest.endswith(b"\n"):
+                        pass
+                    head = _snippet(raw[:80].decode("utf-8", "replace"))
+                    raise ValueError(f"{path}, line {n}: the line is over {mib(max_row)}, more than "
+                                     f"task.max_row_mb ({cfg.max_row_mb:g}) allows: {head}")
                 problem = _parse_line(raw, n, path, cfg, fields, seen)
             except ValueError as err:
                 if not cfg.skip_bad_lines:

@@ -8,7 +8,8 @@ user namespaces), the layers are:
   every connect fails at once with "Network is unreachable"), a new PID namespace (the program
   sees only its own processes; when the program exits, or the sandbox is killed, the kernel kills
   every process left in it, including ones that called ``setsid`` or double-forked), new mount,
-  IPC (System V / POSIX message queues) and UTS namespaces.
+  IPC (System V / POSIX message queues), UTS and cgroup namespaces (``/proc/self/cgroup`` reads
+  ``/``, not the host's cgroup path).
 - **a filesystem jail**: a new root (``pivot_root``) holding read-only, nosuid binds of ``/usr``,
   ``/etc``, the interpreter's prefix and minimal ``/dev`` nodes (null, zero, full, random,
   urandom), a fresh ``/proc`` for the PID namespace, and a private, size-capped ``tmpfs`` at
@@ -413,7 +414,7 @@ def _read_status(fd: int) -> list[dict[str, Any]]:
 
 
 _LAYER_NAMES = ("network_namespace", "pid_namespace", "mount_namespace", "filesystem_jail",
-                "ipc_namespace", "uts_namespace", "private_uid", "nproc_limit", "no_new_privs",
+                "ipc_namespace", "uts_namespace", "cgroup_namespace", "private_uid", "nproc_limit", "no_new_privs",
                 "disk_quota", "rlimits", "syscall_filter")
 _capabilities: dict[str, Any] | None = None
 
@@ -422,7 +423,7 @@ def sandbox_capabilities(refresh: bool = False) -> dict[str, Any]:
     """Which protection layers are active on this machine (probed once by running a program).
 
     Keys: each of ``network_namespace``, ``pid_namespace``, ``mount_namespace``,
-    ``filesystem_jail``, ``ipc_namespace``, ``uts_namespace``, ``private_uid``, ``nproc_limit``,
+    ``filesystem_jail``, ``ipc_namespace``, ``uts_namespace``, ``cgroup_namespace``, ``private_uid``, ``nproc_limit``,
     ``no_new_privs``, ``disk_quota``, ``rlimits``, ``syscall_filter`` (bools), plus ``root``,
     ``python``, when the probe failed ``error``, and when libseccomp could not build the filter
     ``syscall_filter_error``. A layer that is off is logged once as a warning.

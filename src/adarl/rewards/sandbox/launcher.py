@@ -22,7 +22,7 @@ from typing import Any
 
 UID_BASE = 200_000_000  # the sandboxed program runs as UID_BASE + the launcher's pid (as root)
 _CLONE = {"user": 0x10000000, "mount": 0x00020000, "net": 0x40000000, "ipc": 0x08000000,
-          "uts": 0x04000000, "pid": 0x20000000}
+          "uts": 0x04000000, "pid": 0x20000000, "cgroup": 0x02000000}
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
 _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 32, 4096, 16384, 1 << 18
 _MS_NOATIME, _MS_NODIRATIME, _MS_RELATIME = 1024, 2048, 1 << 21
@@ -356,11 +356,12 @@ def _launch(cfg: dict[str, Any], code: bytes) -> int:
             if not root:
                 layers["user_namespace"] = _unshare(libc, _CLONE["user"]) and _map_ids(uid, gid)
             allowed = root or layers["user_namespace"]
-            for name in ("mount", "net", "ipc", "uts", "pid"):
+            # cgroup: /proc/self/cgroup reads "/" instead of the host's cgroup path
+            for name in ("mount", "net", "ipc", "uts", "pid", "cgroup"):
                 layers[f"{'network' if name == 'net' else name}_namespace"] = (
                     allowed and _unshare(libc, _CLONE[name]))
         else:
-            layers.update({f"{n}_namespace": False for n in ("mount", "network", "ipc", "uts", "pid")})
+            layers.update({f"{n}_namespace": False for n in ("mount", "network", "ipc", "uts", "pid", "cgroup")})
         lifeline_r, lifeline_w = os.pipe()
         pid = os.fork()
     except Exception as exc:  # noqa: BLE001
