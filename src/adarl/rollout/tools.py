@@ -6,6 +6,10 @@ other public method a tool described by its type hints and docstring.
     sql          `query(sql)`: a read-only SQLite database built from the problem's `table` column
                  (tasks/tool_tasks.py: `task.source: sql`); errors come back as text (execution
                  feedback, as ReEx-SQL); its demonstration runs the problem's gold `sql`
+    python       `python(code)`: the code runs in the code sandbox (rollout/python_tool.py); a raise or a
+                 timeout is a tool error; its demonstration runs the problem's gold `code`
+    text_to_sql  `query(sql)` on one of the shipped text-to-SQL databases (`task.source: text_to_sql`),
+                 named by the problem's `db` column, read-only as `sql`; its demonstration runs the gold query
     search       `search(query)`: BM25 (the bm25s library) over the corpus the problem's `corpus_seed`
                  names (`task.source: retrieval`), the top 3 passages; its demonstration searches
                  for the problem's `query`
@@ -21,6 +25,7 @@ import sqlite3
 from typing import Any
 
 from adarl.rollout.agent import ToolCall
+from adarl.rollout.python_tool import PythonInterpreter
 
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
         ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow,
@@ -173,7 +178,8 @@ class Search:
         return "\n".join(self.passages[int(i)] for i in results[0])
 
 
-ENVIRONMENTS: dict[str, type] = {"calculator": Calculator, "sql": SqlDatabase, "search": Search}
+ENVIRONMENTS: dict[str, type] = {"calculator": Calculator, "sql": SqlDatabase, "search": Search,
+                                 "python": PythonInterpreter}
 
 
 def environment_class(name: str) -> type:
