@@ -208,6 +208,13 @@ def test_the_tool_call_parser_reaches_the_same_tool():
     ag, gen, prompt = python_agent({0: [call, "1024"]}, parser="tool_call")
     (r,) = run_rows(ag, prompt, 1)
     assert [gen.tokenizer.decode(s.ids) for s in r.spans if s.role == "tool"] == ["1024"]
+    lines = '<tool_call>{"name": "python", "arguments": {"code": "a = 2\\nprint(a ** 10)"}}</tool_call>'
+    not_text = '<tool_call>{"name": "python", "arguments": {"code": 5}}</tool_call>'
+    ag, gen, prompt = python_agent({0: [lines, "1024"], 1: [not_text, "?"]}, parser="tool_call")
+    out = run_rows(ag, prompt, 2)
+    tools = [[(gen.tokenizer.decode(s.ids), s.status) for s in r.spans if s.role == "tool"] for r in out]
+    assert tools[0] == [("1024", "ok")]  # a JSON "\n" is a new line of the code
+    assert tools[1] == [("error: ExecutionError: code must be a string, not int", "error")]
 
 
 def test_a_sandbox_failure_in_the_loop_censors_the_rollout(monkeypatch):
