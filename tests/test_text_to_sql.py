@@ -140,6 +140,11 @@ def answer(sql: str) -> str:
     return f"Let me write it.\n```sql\n{sql}\n```"
 
 
+def test_every_problem_s_own_answer_scores_one():
+    task = build_task(TaskConfig(source="text_to_sql", size=1000, eval_size=1000))
+    assert [score(p.answer, p.columns) for p in task.train + task.eval] == [1.0] * 394
+
+
 def test_the_gold_query_scores_one_and_a_wrong_one_zero():
     cols = question("shop/products/list_filter")
     assert score(answer(cols["sql"]), cols) == 1.0
