@@ -67,6 +67,8 @@ def test_the_wheel_ships_the_recipes(tmp_path):
     shipped = {Path(n).stem for n in names if n.startswith("adarl/recipes/") and n.endswith(".yaml")}
     assert shipped == {p.stem for p in (ROOT / "recipes").glob("*.yaml")}
     assert "adarl/cli.py" in names and any(n.endswith("entry_points.txt") for n in names)
+    corpus = ROOT / "src" / "adarl" / "data" / "text_to_sql"  # task.source: text_to_sql reads it from the package
+    assert {f"adarl/data/text_to_sql/{p.name}" for p in corpus.iterdir()} <= set(names)
 
 
 def test_the_sdist_ships_the_recipes_and_the_package(tmp_path):
@@ -85,3 +87,4 @@ def test_the_sdist_ships_the_recipes_and_the_package(tmp_path):
     shipped = {Path(n).stem for n in names if "/src/adarl/recipes/" in n and n.endswith(".yaml")}
     assert shipped == {p.stem for p in (ROOT / "recipes").glob("*.yaml")}
     assert any(n.endswith("src/adarl/cli.py") for n in names) and any(n.endswith("pyproject.toml") for n in names)
+    assert any(n.endswith("src/adarl/data/text_to_sql/questions.jsonl") for n in names)

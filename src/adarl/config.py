@@ -92,7 +92,7 @@ class ModelConfig(Section):
         return device
 
 
-TASK_SOURCES = ("reasoning_gym", "jsonl", "humaneval", "hf_datasets", "sql", "retrieval")
+TASK_SOURCES = ("reasoning_gym", "jsonl", "humaneval", "hf_datasets", "sql", "retrieval", "compute", "text_to_sql")
 
 
 class MixtureShare(Section):
@@ -233,7 +233,8 @@ class TaskConfig(Section):
 
 
 class RewardConfig(Section):
-    type: Literal["short_answer", "math", "format", "callable", "code", "environment"]  # environment: an agent's
+    # environment: an agent's; sql_execution: a text-to-SQL answer's result set (rewards/sql.py)
+    type: Literal["short_answer", "math", "format", "callable", "code", "environment", "sql_execution"]
     name: str | None = None  # metric name; defaults to the type (or the function name)
     weight: float = 1.0
     correctness: bool | None = None  # counts as "correct" for pass rates; default: all but format

@@ -27,6 +27,7 @@ from adarl.rewards import code as code_reward
 from adarl.rewards import format as format_reward
 from adarl.rewards import math as math_reward
 from adarl.rewards import short_answer
+from adarl.rewards import sql as sql_reward
 from adarl.rewards.pool import Job, WorkerPool, check_memory_limit, check_timeout, check_workers, printable
 
 if TYPE_CHECKING:
@@ -38,7 +39,7 @@ __all__ = ["BUILTIN", "Rewards", "WorkerPool", "reward_name", "validate_callable
 # the built-in rewards by `type`, each with TRL's signature f(prompts, completions, **columns) -> list[float],
 # the signature of user functions (`type: callable`); every reward is called through `callable.call_fn`
 BUILTIN = {"short_answer": short_answer.reward, "format": format_reward.reward, "math": math_reward.reward,
-           "code": code_reward.reward}
+           "code": code_reward.reward, "sql_execution": sql_reward.reward}
 
 log = logging.getLogger(__name__)
 

@@ -158,8 +158,12 @@ def parse_tool_call(text: str) -> list[ToolCall]:
 
 
 def parse_python_block(text: str) -> list[ToolCall]:
-    """A fenced python code block is a call of the `python` tool with that code."""
-    return [ToolCall("python", {"code": code}) for code in _blocks(text, "```python\n", "```")[0]]
+    """A fenced python code block is a call of the `python` tool with that code. A block left open with
+    no complete one before it is a malformed call (the model meant to run code), as for `<tool_call>`."""
+    bodies, unclosed = _blocks(text, "```python\n", "```")
+    if not bodies and unclosed:
+        raise MalformedCall("```python block without a closing ```")
+    return [ToolCall("python", {"code": code}) for code in bodies]
 
 
 # name -> (parse, the stop string that ends a turn holding a call)

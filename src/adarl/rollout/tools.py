@@ -6,6 +6,10 @@ other public method a tool described by its type hints and docstring.
     sql          `query(sql)`: a read-only SQLite database built from the problem's `table` column
                  (tasks/tool_tasks.py: `task.source: sql`); errors come back as text (execution
                  feedback, as ReEx-SQL); its demonstration runs the problem's gold `sql`
+    python       `python(code)`: the code runs in the code sandbox (rollout/python_tool.py); a raise or a
+                 timeout is a tool error; its demonstration runs the problem's gold `code`
+    text_to_sql  `query(sql)` on one of the shipped text-to-SQL databases (`task.source: text_to_sql`),
+                 named by the problem's `db` column, read-only as `sql`; its demonstration runs the gold query
     search       `search(query)`: BM25 (the bm25s library) over the corpus the problem's `corpus_seed`
                  names (`task.source: retrieval`), the top 3 passages; its demonstration searches
                  for the problem's `query`
@@ -22,6 +26,7 @@ import sys
 from typing import Any
 
 from adarl.rollout.agent import ToolCall
+from adarl.rollout.python_tool import PythonInterpreter
 
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
         ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow,
@@ -76,49 +81,29 @@ class Calculator:
 
 
 MAX_ROWS = 20  # rows a query shows; the rest are counted
-MAX_STEPS = 200_000  # SQLite virtual-machine steps a query may take before it is stopped
-MAX_VALUE_BYTES = 10_000  # the longest string or blob SQLite may make (its own default: 10^9)
-MAX_COLUMNS = 64  # columns a result may have (SQLite's default: 2000)
 MAX_RESULT_CHARS = 20_000  # characters of rows a query shows
 
 
 class SqlDatabase:
     """A read-only SQLite database per rollout, from the problem's `table` rows (see the module docstring).
 
-    Only reading is allowed: an authorizer denies every action but SELECT, reading columns and
-    functions (so no ATTACH, PRAGMA, writes or temp tables), and a progress handler stops a query
-    after MAX_STEPS steps (a cross join of cross joins cannot hang the loop). A value is at most
-    MAX_VALUE_BYTES long (`zeroblob(1e9)` fails instead), `printf` is denied, a result has at most
-    MAX_COLUMNS columns, and rows are read one by one only until MAX_RESULT_CHARS are shown."""
-
-    _ALLOWED = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION}
-    # one step each, yet `printf('%.*c', 1e9, 'x')` loops a billion times before the length limit says no
-    _SLOW = {"printf", "format"}
+    Only reading is allowed (rewards/sql.py `guard`, shared with the text-to-SQL reward): an authorizer
+    denies every action but SELECT, reading columns and functions (so no ATTACH, PRAGMA, writes, temp
+    tables or recursive CTEs), and a progress handler stops a query after MAX_STEPS steps (a cross join
+    of cross joins cannot hang the loop). A value is at most MAX_VALUE_BYTES long (`zeroblob(1e9)` fails
+    instead), `printf` is denied, a result has at most MAX_COLUMNS columns, and rows are read one by one
+    only until MAX_RESULT_CHARS are shown."""
 
     def reset(self, table: str = "[]", sql: str = "", **row: Any) -> None:
+        from adarl.rewards.sql import guard
         from adarl.tasks.tool_tasks import SCHEMA
 
         self.gold = sql
         self.db = sqlite3.connect(":memory:", check_same_thread=False)
         self.db.execute(SCHEMA)
         self.db.executemany("INSERT INTO staff VALUES (?, ?, ?, ?)", [tuple(r) for r in json.loads(table)])
-        self.db.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)
-        self.db.setlimit(sqlite3.SQLITE_LIMIT_COLUMN, MAX_COLUMNS)
-        self.db.set_authorizer(self._authorize)
-        steps = [0]
-
-        def budget() -> int:
-            steps[0] += 1000
-            return 1 if steps[0] > MAX_STEPS else 0
-
-        self._steps = steps
-        self.db.set_progress_handler(budget, 1000)
+        self._steps = guard(self.db)
         return None
-
-    def _authorize(self, action: int, _arg1: Any, name: Any, *_: Any) -> int:
-        if action not in self._ALLOWED or (action == sqlite3.SQLITE_FUNCTION and str(name).lower() in self._SLOW):
-            return sqlite3.SQLITE_DENY
-        return sqlite3.SQLITE_OK
 
     def demonstration(self, sql: str = "", **row: Any) -> list[ToolCall] | None:
         return [ToolCall("query", {"sql": sql})] if sql else None
@@ -138,6 +123,26 @@ class SqlDatabase:
         except sqlite3.Error as err:
             return f"error: {err}"
         return "\n".join(lines) or "(no rows)"
+
+
+class TextToSqlDatabase(SqlDatabase):
+    """The problem's shipped text-to-SQL database (its `db` column; tasks/text_to_sql.py), read-only and
+    bounded as `SqlDatabase`: the model explores it with `query`, then answers with a final query."""
+
+    def reset(self, db: str = "", sql: str = "", **row: Any) -> None:
+        from adarl.rewards.sql import DatabaseUnavailable, open_database
+        from adarl.rollout.agent import EnvironmentFailure
+
+        self.gold = sql
+        try:
+            self.db, self._steps = open_database(db)
+        except DatabaseUnavailable as err:
+            raise EnvironmentFailure(str(err)) from None
+        return None
+
+    def query(self, sql: str) -> str:
+        """Run one read-only SQL query on the database; the rows it returns (at most 20 shown)."""
+        return super().query(sql)
 
 
 _INDEXES: dict[tuple[int, int], Any] = {}  # (corpus seed, size) -> (bm25s index, passages): built once per process
@@ -174,7 +179,8 @@ class Search:
         return "\n".join(self.passages[int(i)] for i in results[0])
 
 
-ENVIRONMENTS: dict[str, type] = {"calculator": Calculator, "sql": SqlDatabase, "search": Search}
+ENVIRONMENTS: dict[str, type] = {"calculator": Calculator, "sql": SqlDatabase, "search": Search,
+                                 "python": PythonInterpreter, "text_to_sql": TextToSqlDatabase}
 IMPORT_TIMEOUT_S = 60.0  # how long importing an environment's module may take
 _HUNG: set[str] = set()  # modules whose import passed its deadline in this process
 

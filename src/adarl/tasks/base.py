@@ -144,9 +144,15 @@ def build_task(cfg: TaskConfig, seed: int | None = None) -> TaskSource:
         return load_by_path(cfg)
     if cfg.source in ("sql", "retrieval"):  # tasks that need tools (tasks/tool_tasks.py)
         return load_by_path(cfg, f"adarl.tasks.tool_tasks:{cfg.source}")
+    if cfg.source == "compute":  # arithmetic for the Python tool (tasks/compute.py)
+        return load_by_path(cfg, "adarl.tasks.compute:compute")
+    if cfg.source == "text_to_sql":  # a shipped corpus with its own held-out split (tasks/text_to_sql.py)
+        from adarl.tasks.text_to_sql import load_text_to_sql
+
+        return load_text_to_sql(cfg)
     if cfg.source not in ("reasoning_gym", "jsonl", "humaneval", "hf_datasets"):
         raise ValueError(f"unknown task source '{cfg.source}' (choices: reasoning_gym, jsonl, humaneval, "
-                         "hf_datasets, sql, retrieval)")
+                         "hf_datasets, sql, retrieval, compute, text_to_sql)")
     if cfg.source == "hf_datasets":  # it applies the eval_size default below itself, reading the data once
         from adarl.tasks.hf_datasets import load_hf_datasets
 
