@@ -310,6 +310,10 @@ class AgentConfig(Section):
     # (TRL-style: reset + tools; or gym-style: reset + step)
     environment: str = "calculator"
     openenv: OpenEnvConfig | None = None
+    # how the loop talks to it: tools (TRL: reset + tool methods), gym (reset + step -> (obs, reward, done,
+    # info)), openenv; auto: no step is tools, a step annotated to return a tuple is gym, else a tool,
+    # unannotated an error at start-up asking for this key (rollout/agent.py: environment_style)
+    style: Literal["auto", "tools", "gym", "openenv"] = "auto"
     parser: Literal["tool_call", "python"] = "tool_call"  # how tool calls are written
     max_turns: int = Field(4, gt=0, le=256)  # model turns per trajectory
     max_tool_calls: int = Field(8, gt=0, le=4096)
@@ -329,6 +333,9 @@ class AgentConfig(Section):
         if self.openenv is not None and self.environment != "openenv":
             raise ValueError(f"rollout.agent.openenv is set but rollout.agent.environment is {self.environment!r}; "
                              "set environment: openenv")
+        if (self.style == "openenv") != (self.environment == "openenv") and self.style != "auto":
+            raise ValueError(f"rollout.agent.style {self.style!r} with rollout.agent.environment {self.environment!r}: "
+                             "style openenv goes with environment: openenv (and only it)")
         return self
 
 

@@ -13,13 +13,19 @@ re-tokenised; the tool turn is rendered by the chat template and appended as `te
 `tool` spans (not sampled: never trained, never counted as generated). `AgentGenerator.check`
 verifies at start-up that the template extends earlier turns verbatim, else it says so.
 
-Environments (TRL's duck type, no TRL import): a class with `reset(**row)`, and every other
-public method a tool, described to the model by its type hints and docstring (`tool_schemas`);
-an optional `get_reward()` becomes the rollout's `env_reward`. A class with `step(text) ->
-(observation, reward, done, info)` is gym-style instead: it answers every model turn (rendered as a
-user turn), its rewards add up in `env_reward`, and `done` ends the trajectory ("env_done"). One
-instance per rollout, reset with the problem's row (prompt, answer and its columns). Built-in
-environments are in tools.py (`calculator`).
+Environments come in three styles (`rollout.agent.style`, `environment_style`). "tools" (TRL's
+environment_factory duck type, no TRL import): a class with `reset(**row)`, and every other public
+method a tool, described to the model by its type hints and docstring (`tool_schemas`); an optional
+`get_reward()` becomes the rollout's `env_reward`. "gym": `step(text) -> (observation, reward, done,
+info)` answers every model turn (rendered as a user turn), its rewards add up in `env_reward`, and
+`done` ends the trajectory ("env_done"). "openenv": an OpenEnv server (rollout/openenv.py), gym-like.
+"auto" never guesses: a `step` is gym's only when annotated to return a tuple, a tool when annotated to
+return anything else (TRL's echo example: `def step(self, message: str) -> str`), and an unannotated
+one is an error asking for `style`. One instance per rollout, reset with the problem's row (prompt,
+answer and its columns); what `reset` returns is shown to the model in every style, appended to the
+first user message (`messages`, as TRL does): the prompt is built once per problem from a probe
+environment, and a trajectory whose own reset shows something else is censored ("reset_mismatch").
+Built-in environments are in tools.py (`calculator`).
 
 Failures are of two kinds. The model's own mistakes (a malformed call, an unknown tool, bad
 arguments, a tool raising an error) become a tool message the model reads, and are counted
@@ -67,6 +73,7 @@ import inspect
 import json
 import math
 import re
+import typing
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, CancelledError, Future, wait
 from dataclasses import dataclass, field, replace
@@ -83,6 +90,10 @@ TRUNCATED = " ...[truncated]"
 # tokenised: more than any common tokenizer's tokens average, so the token cut is the one that binds
 CHARS_PER_TOKEN = 8
 PREVIEW = 80  # characters of a malformed call shown back to the model
+
+
+# why a rollout was censored (`agent/censored/<why>`): the environment failed, never the model
+CENSORED_BY = ("error", "timeout", "non_finite_reward", "reset_mismatch")
 
 
 class EnvironmentFailure(RuntimeError):
@@ -178,6 +189,77 @@ def tools_of(env: Any) -> dict[str, Callable[..., Any]]:
 
 
 NOT_TOOLS = ("reset", "get_reward", "demonstration", "close")
+
+STYLES = ("tools", "gym", "openenv")
+
+
+def _step_returns(env_class: Any) -> str | None:
+    """What `step` is declared to return: "tuple" (gym's (observation, reward, done, info)), "other" (a
+    tool's result, e.g. `-> str`), or None (no return annotation on it, nor on an overridden base `step`)."""
+    for klass in inspect.getmro(env_class) if isinstance(env_class, type) else (type(env_class),):
+        fn = klass.__dict__.get("step")
+        if fn is None:
+            continue
+        declared = getattr(fn, "__annotations__", {}).get("return")
+        if declared is None:
+            continue  # a subclass overriding `step` without saying: ask its base
+        if isinstance(declared, str):  # (postponed annotations)
+            return "tuple" if re.match(r"\s*(typing\.)?tuple\b", declared, re.IGNORECASE) else "other"
+        return "tuple" if (typing.get_origin(declared) or declared) is tuple else "other"
+    return None
+
+
+def environment_style(env_factory: Any, style: str = "auto") -> str:
+    """How the loop talks to an environment (`rollout.agent.style`): "tools" (TRL's environment_factory:
+    `reset` and tool methods, a tool may be named `step`), "gym" (`step(text) -> (observation, reward, done,
+    info)` answers every model turn) or "openenv" (an OpenEnv server, gym-like). "auto" decides without
+    guessing: no `step` is "tools"; a `step` annotated to return a tuple is "gym", annotated to return
+    anything else (TRL's `def step(self, message: str) -> str`) is a tool; an unannotated `step` is
+    ambiguous, a ValueError that names the class and asks for `style`."""
+    name = getattr(env_factory, "__qualname__", type(env_factory).__name__)
+    if style not in ("auto", *STYLES):
+        raise ValueError(f"rollout.agent.style {style!r}: expected auto, {', '.join(STYLES)}")
+    has_step = callable(getattr(env_factory, "step", None))
+    if style in ("gym", "openenv") and not has_step:
+        raise ValueError(f"rollout.agent.style {style}: environment {name} has no step(text) method")
+    if style != "auto":
+        return style
+    if not has_step:
+        return "tools"
+    returns = _step_returns(env_factory)
+    if returns is None:
+        raise ValueError(f"environment {name}: its `step` could be gym's step(text) -> (observation, reward, "
+                         "done, info) or a tool named step (TRL); set rollout.agent.style: gym or tools (or "
+                         "annotate step's return type: a tuple for gym, e.g. str for a tool)")
+    return "gym" if returns == "tuple" else "tools"
+
+
+def observation_text(value: Any) -> str:
+    """What the model is shown of an observation (`reset`'s return, a gym `step`'s first item): a string
+    as is, chat messages as their contents (a list of anything else is a TypeError), gymnasium's `reset`
+    pair (observation, info) as its observation, None as nothing, anything else as its `str`."""
+    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], dict):
+        value = value[0]
+    if value is None:
+        return ""
+    if isinstance(value, list):  # chat messages
+        if not all(isinstance(m, dict) for m in value):
+            raise TypeError("an observation that is a list must be chat messages (dicts)")
+        return "\n".join(str(m.get("content", "")) for m in value)
+    return str(value)
+
+
+def with_observation(messages: list[dict[str, str]], observation: str) -> list[dict[str, str]]:
+    """`messages` with `observation` (what `reset` returned) appended to the first user message, as TRL
+    does; a chat with no user message gets it as one."""
+    if not observation:
+        return messages
+    out = [dict(m) for m in messages]
+    first = next((i for i, m in enumerate(out) if m["role"] == "user"), None)
+    if first is None:
+        return [*out, {"role": "user", "content": observation}]
+    out[first]["content"] = f"{out[first]['content']}\n\n{observation}" if out[first]["content"] else observation
+    return out
 
 
 _JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array", dict: "object"}
@@ -299,7 +381,7 @@ class AgentGenerator:
                  parser: str = "tool_call", max_turns: int = 4, max_tool_calls: int = 8, tool_timeout_s: float = 10.0,
                  max_tool_output_tokens: int = 256, max_context_tokens: int = 1024, tool_workers: int = 4,
                  tools_prompt: bool = True, branching: ArpoBranching | None = None, purify: bool = False,
-                 retain_bytes: int = 512 << 20, reset_timeout_s: float = 60.0) -> None:
+                 retain_bytes: int = 512 << 20, reset_timeout_s: float = 60.0, style: str = "auto") -> None:
         if parser not in PARSERS:
             raise ValueError(f"unknown tool-call parser {parser!r}; parsers: {', '.join(PARSERS)}")
         self._options = {k: v for k, v in locals().items() if k not in ("self", "generator", "env_factory", "problems")}
@@ -311,8 +393,9 @@ class AgentGenerator:
         self.tools_prompt, self.branching, self.purify = tools_prompt, branching, purify
         self.pool = DaemonPool(tool_workers, "adarl-tools")  # a hung tool neither holds a worker nor blocks exit
         self.resets = DaemonPool(self.RESET_WORKERS, "adarl-resets")
-        # a gym-style environment answers every model turn (`step`) instead of offering tools
-        self.gym = callable(getattr(env_factory, "step", None))
+        # a gym-style (or OpenEnv) environment answers every model turn (`step`) instead of offering tools
+        self.style = environment_style(env_factory, style)
+        self.gym = self.style in ("gym", "openenv")
         if not self.gym and stop not in generator.cfg.stop:
             generator.add_stop(stop)
         self.before_tool, self.after_tool = self.check(generator.tokenizer, "user" if self.gym else "tool")
@@ -320,6 +403,8 @@ class AgentGenerator:
             generator.retain(retain_bytes)
         self._metrics: dict[str, float] = {}
         self._tools_text: str | None = None  # `tools_prompt` of the environment (`messages`)
+        # prompt id -> what `reset` showed in its prompt (`messages`); a trajectory's reset must show the same
+        self._observations: dict[str, str] = {}
         # (key, ids so far) of each partial trajectory returned -> (environment, env reward, turns, calls)
         self._live: dict[tuple[int, int], tuple[Any, float | None, int, int]] = {}
 
@@ -331,7 +416,9 @@ class AgentGenerator:
 
     def replica(self) -> AgentGenerator:
         """The same agent over the wrapped generator's replica (async mode's generation thread)."""
-        return AgentGenerator(self.generator.replica(), self.env_factory, self.problems, **self._options)
+        agent = AgentGenerator(self.generator.replica(), self.env_factory, self.problems, **self._options)
+        agent._observations, agent._tools_text = self._observations, self._tools_text  # the prompts are shared
+        return agent
 
     @classmethod
     def from_config(cls, generator: Any, cfg: Any, problems: Mapping[str, Problem],
@@ -347,20 +434,47 @@ class AgentGenerator:
                    max_tool_output_tokens=cfg.max_tool_output_tokens,
                    max_context_tokens=cfg.max_context_tokens or 4 * max_new_tokens, tool_workers=cfg.tool_workers,
                    tools_prompt=cfg.tools_prompt, purify=cfg.purify,
+                   style="openenv" if cfg.openenv is not None and cfg.style == "auto" else cfg.style,
                    branching=None if cfg.branching is None else ArpoBranching(**cfg.branching.model_dump()))
 
     def messages(self, problem: Problem) -> list[dict[str, str]]:
-        """The problem's chat with the tools described in the system message (when `tools_prompt`); the
-        description is made once, from an environment built within `reset_timeout_s`."""
-        if not self.tools_prompt or self.gym:
-            return problem.messages
-        if self._tools_text is None:
-            future = self.resets.submit(lambda: tools_prompt(self.env_factory()), timeout_s=self.reset_timeout_s)
+        """The problem's chat as the model sees it: what the environment's `reset` returns for it appended to
+        the first user message (every style: the task an environment states only at reset), and, for a tools
+        environment with `tools_prompt`, the tools described in the system message. One environment is
+        built and reset for it within `reset_timeout_s` (then closed); every trajectory's reset must show
+        the same (else it is censored, "reset_mismatch"): a reset that draws at random should take its seed
+        from the problem's columns."""
+        if problem.id not in self._observations:
+            def probe() -> tuple[str, str | None]:
+                env = self.env_factory()
+                try:
+                    shown = self._shown(env.reset(**self._row(problem)))
+                    return shown, (tools_prompt(env) if self.tools_prompt and not self.gym else None)
+                finally:
+                    close_env(env)
+
+            future = self.resets.submit(probe, timeout_s=self.reset_timeout_s)
             if (error := future.exception()) is not None:
-                raise EnvironmentFailure(f"describing the environment's tools: building one failed ({error!r}); fix "
-                                         "its constructor, or raise rollout.agent.reset_timeout_s if it is slow")
-            self._tools_text = future.result()
-        return with_tools(problem, self._tools_text)
+                raise EnvironmentFailure(f"problem {problem.id!r}: building and resetting its environment for the "
+                                         f"prompt failed ({error!r}); fix the environment, or raise "
+                                         "rollout.agent.reset_timeout_s if it is slow")
+            self._observations[problem.id], described = future.result()
+            self._tools_text = self._tools_text or described
+        chat = with_observation(problem.messages, self._observations[problem.id])
+        if not self.tools_prompt or self.gym or self._tools_text is None:
+            return chat
+        return with_tools(replace(problem, prompt=chat), self._tools_text)
+
+    def _shown(self, observation: Any) -> str:
+        """The text of a reset observation, cut to `max_context_tokens` · CHARS_PER_TOKEN characters (marked)."""
+        text = observation_text(observation)
+        limit = self.max_context_tokens * CHARS_PER_TOKEN
+        return text if len(text) <= limit else text[:limit] + TRUNCATED
+
+    @staticmethod
+    def _row(problem: Problem) -> dict[str, Any]:
+        """What `reset` gets: the problem's columns, its prompt and its answer."""
+        return {**problem.columns, "prompt": problem.prompt, "answer": problem.answer}
 
     def demonstration(self, problem: Problem) -> Rollout | None:
         """A solved trajectory for SFT: the environment's `demonstration` calls (run for real, so the
@@ -370,8 +484,7 @@ class AgentGenerator:
         if t.finish is not None:
             raise EnvironmentFailure(f"problem {problem.id!r}: the environment's reset failed ({t.censored_by}); "
                                      "fix the environment, or raise rollout.agent.reset_timeout_s if it is slow")
-        row = {**problem.columns, "prompt": problem.prompt, "answer": problem.answer}
-        calls = getattr(t.env, "demonstration", lambda **_: None)(**row)
+        calls = getattr(t.env, "demonstration", lambda **_: None)(**self._row(problem))
         if not calls or problem.answer is None:
             return None
         written = "".join(f'<tool_call>{json.dumps({"name": c.name, "arguments": c.arguments})}</tool_call>'
@@ -422,14 +535,17 @@ class AgentGenerator:
     def _start(self, started: list[tuple[_Trajectory, Problem]]) -> None:
         """Build and reset the environments of these trajectories, all at once (RESET_WORKERS at a time),
         each within `reset_timeout_s`; one whose construction or reset raises or hangs censors its trajectory."""
-        def reset(problem: Problem) -> Any:
+        def reset(problem: Problem) -> tuple[Any, str]:
             env = self.env_factory()
-            env.reset(**{**problem.columns, "prompt": problem.prompt, "answer": problem.answer})
-            return env
+            return env, self._shown(env.reset(**self._row(problem)))
 
         futures = [self.resets.submit(reset, problem, timeout_s=self.reset_timeout_s) for _, problem in started]
-        for (t, _), future in zip(started, futures, strict=True):
-            t.env = self._outcome(t, future)
+        for (t, problem), future in zip(started, futures, strict=True):
+            if (outcome := self._outcome(t, future)) is None:
+                continue
+            t.env, shown = outcome
+            if shown != self._observations.get(problem.id, shown):  # the prompt shows another reset's observation
+                self._censor(t, "reset_mismatch")
 
     def _outcome(self, t: _Trajectory, future: Future) -> Any:
         """What a call into the environment returned, once done (the pool's deadline bounds the wait).
@@ -755,9 +871,7 @@ class AgentGenerator:
         of it, the observation's `str` too, runs in the tool pool within `tool_timeout_s`."""
         def step() -> tuple[str, float, bool]:
             observation, reward, done, _info = env.step(text)
-            if isinstance(observation, list):  # messages
-                observation = "\n".join(str(m.get("content", "")) for m in observation)
-            return str(observation or ""), float(reward), bool(done)
+            return observation_text(observation), float(reward), bool(done)
 
         return self.pool.submit(step, timeout_s=self.tool_timeout_s)
 
@@ -804,7 +918,7 @@ class AgentGenerator:
             "agent/tool_calls": float(sum(t.calls for t in rows)),
             "agent/censored": float(sum(t.finish == "censored" for t in rows)),
             **{f"agent/censored/{why}": float(sum(t.censored_by == why for t in rows))
-               for why in ("error", "timeout", "non_finite_reward")},
+               for why in CENSORED_BY},
             "agent/max_turns_reached": float(sum(t.finish == "max_turns" for t in rows)),
             "agent/inserted_tokens": float(sum(len(s) for t in rows for s in t.spans[t.start:] if not s.sampled)),
             "agent/sampled_tokens": float(sum(len(s) for t in rows for s in t.spans[t.start:] if s.sampled)),
