@@ -90,6 +90,7 @@ def hint_rung(t: Any, groups: dict[str, Group], metrics: Any) -> None:
         for key, value in t.rewards.score(fresh).items():
             if key.startswith("reward_"):  # error counts
                 metrics.add(key, value)
+        done, fresh = [p for p, g in zip(done, fresh, strict=True) if g.rollouts], [g for g in fresh if g.rollouts]
         apply_shapings(t.shapings, fresh, t.recipe.rollout.max_new_tokens, metrics)
         t.hints.observe(done, fresh)
         for plan, g in zip(done, fresh, strict=True):

@@ -246,6 +246,7 @@ class Trainer:
                 metrics.mean(key, value, sum(g.size for g in fresh))
             elif key != "verify_s":  # error counts; the time is taken here, around scoring and shaping
                 metrics.add(key, value)
+        fresh = [g for g in fresh if g.rollouts]  # (every rollout of a group censored by its reward)
         apply_shapings(self.shapings, fresh, self.recipe.rollout.max_new_tokens, metrics)
         metrics.add("verify_s", time.perf_counter() - t0)
         self.store.update(fresh, self.step + 1)
