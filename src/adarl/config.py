@@ -324,7 +324,14 @@ class AgentConfig(Section):
     tool_workers: int = Field(4, gt=0, le=256)
     tools_prompt: bool = True  # describe the tools and the call format in a system message
     branching: ArpoConfig | None = None  # branch trajectories after tool calls; None: independent
-    purify: bool = False  # CLEANER: drop a failed tool step that a successful one directly corrects
+    # CLEANER (SAAR): a failed tool step is replaced by the turn that corrects it: its call only after the
+    # failed turn's reasoning when the two calls are at least `purify_similarity` alike (difflib ratio),
+    # else the whole turn; at most `purify_retries` corrections in a row. online: while sampling (the
+    # released code: later turns see the purified context); after: once the trajectory ends
+    purify: bool = False
+    purify_when: Literal["online", "after"] = "online"
+    purify_similarity: float = Field(0.5, ge=0.0, le=1.0)
+    purify_retries: int = Field(3, ge=1, le=64)
 
     @model_validator(mode="after")
     def _openenv(self) -> AgentConfig:

@@ -84,6 +84,11 @@ class Span:
     versions: list[int] | None = None  # the policy version that sampled each token (model spans)
     name: str | None = None  # tool spans: the tool's name
     status: str | None = None  # tool spans: "ok", "error", "timeout"
+    # model spans CLEANER spliced in (rollout/agent.py: `saar`): sampled in a context that held a failed tool
+    # step and its error, which the record no longer shows: "call" (a corrected call after the failed turn's
+    # kept reasoning) or "turn" (a whole corrected turn). Their log-probs are of that other context; the
+    # learner's recomputed ones are of the record's (CLEANER's released code trains them that way)
+    rollback: str | None = None
 
     @property
     def sampled(self) -> bool:

@@ -58,8 +58,10 @@ fresh environment into which the recorded tool calls are replayed in order. Repl
 deterministic tools: a replayed result that differs from the recorded one censors the rollout
 (`agent/replay_mismatches`). Branching (ARPO/AEPO) and CLEANER's purification need sync mode.
 
-With `purify` (CLEANER), a failed tool step directly followed by a successful one is dropped from
-the trained trajectory (`purify`). With `branching` (rollout/arpo.py: ARPO, AEPO) a request's n
+With `purify` (CLEANER's Similarity-Aware Adaptive Rollback, `saar`), a failed tool step is replaced
+by the turn that corrects it, its call or the whole turn by the two calls' similarity, while sampling
+(`_roll_back`, the released code's way) or once the trajectory ends (`purify`); spliced model spans are
+flagged (`Span.rollback`). With `branching` (rollout/arpo.py: ARPO, AEPO) a request's n
 trajectories are grown as a tree: a few chains start from the prompt, a chain may branch after a
 tool turn (the branch shares its spans and gets a copy of its environment), and fresh chains fill
 the slots left.
@@ -69,6 +71,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import difflib
 import inspect
 import json
 import math
@@ -178,6 +181,7 @@ PARSERS: dict[str, tuple[Callable[[str], list[ToolCall]], str]] = {
     "tool_call": (parse_tool_call, "</tool_call>"),
     "python": (parse_python_block, "```\n"),
 }
+CALL_MARKERS = {"tool_call": "<tool_call>", "python": "```python\n"}  # where a parser's call begins
 
 
 # ---------------------------------------------------------------- tools
@@ -314,6 +318,8 @@ class _Trajectory:
     start: int = 0  # spans of the trajectory before this call (a continued partial one): not returned
     turn_ids: list[int] = field(default_factory=list)  # the model's current turn so far
     censored_by: str | None = None  # why the environment failed (`_censor`)
+    rolled_back: int = 0  # CLEANER: failed steps replaced by their corrections
+    rollback_streak: int = 0  # ... corrections in a row that failed again (at most `purify_retries`)
 
     @property
     def ids(self) -> list[int]:
@@ -344,29 +350,98 @@ def close_env(env: Any) -> None:
             close()
 
 
-def purify(spans: list[Span]) -> tuple[list[Span], int]:
-    """CLEANER's trajectory purification: a tool step that failed, directly followed by a step whose
-    tool call succeeded, is dropped, so the trajectory trains as if the corrected call came first.
-    A step is a model span and the template, tool and template spans of its tool turn; a failed one
-    has a tool span with status "error". Returns (the spans kept, steps dropped)."""
+ROLLBACK_SIMILARITY = 0.5  # CLEANER's released code: a call at least this similar keeps the failed turn's reasoning
+ROLLBACK_RETRIES = 3  # ... and at most this many corrections replace one failed step (`max_tool_retries`)
+
+
+def steps_of(spans: Sequence[Span]) -> list[list[Span]]:
+    """A trajectory's steps: a model turn (its model spans) and the spans inserted after it."""
     steps: list[list[Span]] = []
     for span in spans:
-        if span.role == "model" or not steps:
+        if not steps or (span.role == "model" and steps[-1][-1].role != "model"):
             steps.append([span])
         else:
             steps[-1].append(span)
+    return steps
 
-    def status(step: list[Span]) -> str | None:
-        return next((s.status for s in step if s.role == "tool"), None)
 
-    kept: list[list[Span]] = []
-    dropped = 0
-    for i, step in enumerate(steps):
-        if status(step) == "error" and i + 1 < len(steps) and status(steps[i + 1]) == "ok":
-            dropped += 1
+def step_status(step: Sequence[Span]) -> str | None:
+    """"error" if a tool call of the step failed, "ok" if its tools answered, None: no tool turn."""
+    return next((s.status for s in step if s.role == "tool"), None)
+
+
+def _joined(spans: Sequence[Span]) -> Span:
+    """One model span of a turn's model spans (a turn continued across calls has several)."""
+    def cat(name: str) -> list | None:
+        parts = [getattr(s, name) for s in spans]
+        return None if any(p is None for p in parts) else [x for p in parts for x in p]
+
+    return Span("model", [t for s in spans for t in s.ids], cat("logprobs"), cat("entropies"), cat("versions"))
+
+
+def _cut(span: Span, start: int, end: int | None = None, rollback: str | None = None) -> Span:
+    part = lambda v: None if v is None else v[start:end]  # noqa: E731
+    return Span("model", span.ids[start:end], part(span.logprobs), part(span.entropies), part(span.versions),
+                rollback=rollback)
+
+
+def call_start(ids: Sequence[int], decode: Callable[[list[int]], str], marker: str) -> int | None:
+    """The index of the token where the turn's tool call (`marker`) begins, None without one. Both searches
+    are binary: whether a prefix's text holds the marker, and whether it reaches the marker's first character."""
+    full = decode(list(ids))
+    if (at := full.find(marker)) < 0:
+        return None
+    lo, hi = 0, len(ids)  # the longest prefix whose text ends before the marker begins
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if len(decode(list(ids[:mid]))) <= at and marker not in decode(list(ids[:mid])):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def saar(failed: Sequence[Span], retry: Sequence[Span], decode: Callable[[list[int]], str], marker: str,
+         threshold: float = ROLLBACK_SIMILARITY) -> tuple[list[Span], str]:
+    """CLEANER's Similarity-Aware Adaptive Rollback (Xu et al. 2026; released code: `tool_agent_loop.py`,
+    `_overwrite_last_assistant_turn`): the model spans that replace a failed turn (`failed`) by the turn
+    that corrected it (`retry`, sampled after the failed one and its error). With s the
+    `difflib.SequenceMatcher` ratio of the two turns' call texts (from `marker` on):
+
+        s ≥ threshold (0.5):  the failed turn's reasoning, then the retry's call    ("call": a shallow repair)
+        s < threshold, or a turn without a call:  the retry's whole turn            ("turn": a deep one)
+
+    The spliced tokens are flagged (`Span.rollback`); the kept reasoning was sampled where it stands."""
+    old, new = _joined(failed), _joined(retry)
+    k_old, k_new = call_start(old.ids, decode, marker), call_start(new.ids, decode, marker)
+    if k_old is not None and k_new is not None:
+        similarity = difflib.SequenceMatcher(None, decode(old.ids[k_old:]), decode(new.ids[k_new:])).ratio()
+        if similarity >= threshold:
+            kept = [_cut(old, 0, k_old)] if k_old else []
+            return [*kept, _cut(new, k_new, rollback="call")], "call"
+    return [_cut(new, 0, rollback="turn")], "turn"
+
+
+def purify(spans: list[Span], splice: Callable[[Sequence[Span], Sequence[Span]], tuple[list[Span], str]],
+           retries: int = ROLLBACK_RETRIES) -> tuple[list[Span], int]:
+    """CLEANER after the fact (`purify_when: after`, a reading of the paper): every failed tool step that
+    the next step corrects, or retries (up to `retries` failed ones), collapses into one step: `splice` of
+    the failed turn and its correction (`saar`), then the correction's tool turn. Returns (spans, steps
+    rolled back). The online form (`purify_when: online`, the released code's) does this while sampling."""
+    out: list[list[Span]] = []
+    rolled, streak = 0, 0
+    for step in steps_of(spans):
+        prev = out[-1] if out else None
+        if prev is not None and step_status(prev) == "error" and streak < retries and step[0].role == "model":
+            model = [s for s in step if s.role == "model"]
+            spliced, _ = splice([s for s in prev if s.role == "model"], model)
+            out[-1] = spliced + step[len(model):]
+            rolled += 1
+            streak = streak + 1 if step_status(step) == "error" else 0
             continue
-        kept.append(step)
-    return [s for step in kept for s in step], dropped
+        streak = 0
+        out.append(list(step))
+    return [s for step in out for s in step], rolled
 
 
 class AgentGenerator:
@@ -381,7 +456,9 @@ class AgentGenerator:
                  parser: str = "tool_call", max_turns: int = 4, max_tool_calls: int = 8, tool_timeout_s: float = 10.0,
                  max_tool_output_tokens: int = 256, max_context_tokens: int = 1024, tool_workers: int = 4,
                  tools_prompt: bool = True, branching: ArpoBranching | None = None, purify: bool = False,
-                 retain_bytes: int = 512 << 20, reset_timeout_s: float = 60.0, style: str = "auto") -> None:
+                 retain_bytes: int = 512 << 20, reset_timeout_s: float = 60.0, style: str = "auto",
+                 purify_when: str = "online", purify_similarity: float = ROLLBACK_SIMILARITY,
+                 purify_retries: int = ROLLBACK_RETRIES) -> None:
         if parser not in PARSERS:
             raise ValueError(f"unknown tool-call parser {parser!r}; parsers: {', '.join(PARSERS)}")
         self._options = {k: v for k, v in locals().items() if k not in ("self", "generator", "env_factory", "problems")}
@@ -391,6 +468,10 @@ class AgentGenerator:
         self.reset_timeout_s = reset_timeout_s
         self.max_tool_output_tokens, self.max_context_tokens = max_tool_output_tokens, max_context_tokens
         self.tools_prompt, self.branching, self.purify = tools_prompt, branching, purify
+        self.purify_when, self.purify_retries = purify_when, purify_retries
+        decode = lambda ids: generator.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+        self._splice = lambda failed, retry: saar(failed, retry, decode, CALL_MARKERS[parser],  # noqa: E731
+                                                  purify_similarity)
         self.pool = DaemonPool(tool_workers, "adarl-tools")  # a hung tool neither holds a worker nor blocks exit
         self.resets = DaemonPool(self.RESET_WORKERS, "adarl-resets")
         # a gym-style (or OpenEnv) environment answers every model turn (`step`) instead of offering tools
@@ -433,7 +514,8 @@ class AgentGenerator:
                    reset_timeout_s=cfg.reset_timeout_s,
                    max_tool_output_tokens=cfg.max_tool_output_tokens,
                    max_context_tokens=cfg.max_context_tokens or 4 * max_new_tokens, tool_workers=cfg.tool_workers,
-                   tools_prompt=cfg.tools_prompt, purify=cfg.purify,
+                   tools_prompt=cfg.tools_prompt, purify=cfg.purify, purify_when=cfg.purify_when,
+                   purify_similarity=cfg.purify_similarity, purify_retries=cfg.purify_retries,
                    style="openenv" if cfg.openenv is not None and cfg.style == "auto" else cfg.style,
                    branching=None if cfg.branching is None else ArpoBranching(**cfg.branching.model_dump()))
 
@@ -609,7 +691,24 @@ class AgentGenerator:
                 t.errors[status] = t.errors.get(status, 0) + 1
                 failed = True
             texts.append(result)
+        if self.purify and self.purify_when == "online" and t.start == 0:
+            self._roll_back(t, failed)
         self._insert_turn(t, "\n".join(texts), ",".join(n for n, _ in results), failed)
+
+    def _roll_back(self, t: _Trajectory, failed: bool) -> None:
+        """CLEANER online, as its released code does it: the turn whose tool results just came back was
+        sampled after a failed step and its error; unless `purify_retries` corrections in a row have failed
+        already, the failed step is rolled back and this turn spliced in its place (`saar`), so the
+        trajectory goes on, and trains, as if the corrected call had come first."""
+        steps = steps_of(t.spans)
+        if len(steps) < 2 or step_status(steps[-2]) != "error" or t.rollback_streak >= self.purify_retries:
+            t.rollback_streak = 0
+            return
+        failed_turn = [s for s in steps[-2] if s.role == "model"]
+        spliced, _ = self._splice(failed_turn, steps[-1])
+        t.spans = [s for step in steps[:-2] for s in step] + spliced
+        t.rolled_back += 1
+        t.rollback_streak = t.rollback_streak + 1 if failed else 0
 
     def _insert_turn(self, t: _Trajectory, text: str, name: str, failed: bool) -> None:
         """Append a tool's (or a gym environment's) answer as template, tool and template spans.
@@ -720,12 +819,11 @@ class AgentGenerator:
             for i, r in enumerate(requests):
                 rows += [_Trajectory(i, 0, finish="partial") for _ in range(r.n - sum(t.request == i for t in rows))]
             rows.sort(key=lambda t: t.request)  # each request's rows consecutive (stable: chains, then branches)
-        purified = 0
         for t in rows:
             t.finish = t.finish or "partial"
-            if self.purify and t.start == 0 and t.finish != "censored":  # CLEANER: train the corrected step
-                t.spans, dropped = purify(t.spans)
-                purified += dropped
+            if self.purify and self.purify_when == "after" and t.start == 0 and t.finish != "censored":
+                t.spans, rolled = purify(t.spans, self._splice, self.purify_retries)  # CLEANER, after the fact
+                t.rolled_back += rolled
         self._env_rewards(rows)
         for t in rows:
             if t.finish == "partial" and t.env is not None:  # held for its continuation
@@ -738,7 +836,10 @@ class AgentGenerator:
             self.generator.drop_retained()
         self._measure(rows)
         if self.purify:
-            self._metrics["agent/purified_steps"] = float(purified)
+            self._metrics["agent/purified_steps"] = float(sum(t.rolled_back for t in rows))
+            for kind in ("call", "turn"):  # SAAR's granularity: a shallow (call) or a deep (turn) repair
+                self._metrics[f"agent/rollback/{kind}"] = float(sum(s.rollback == kind for t in rows
+                                                                    for s in t.spans[t.start:]))
         return [Rollout(requests[t.request].prompt_id, finish_reason=t.finish, spans=t.spans[t.start:],
                         text=t.last_text, policy_version=version, env_reward=t.env_reward) for t in rows]
 
