@@ -304,7 +304,7 @@ class OpenEnvConfig(Section):
 
 
 class AgentConfig(Section):
-    """Multi-turn tool use (rollout/agent.py): every rollout is a trajectory in an environment."""
+    """Multi-turn tool use (rollout/agent/): every rollout is a trajectory in an environment."""
 
     # a built-in name, "openenv" (an OpenEnv server: the `openenv` section), or "package.module:Class"
     # (TRL-style: reset + tools; or gym-style: reset + step)
@@ -312,7 +312,7 @@ class AgentConfig(Section):
     openenv: OpenEnvConfig | None = None
     # how the loop talks to it: tools (TRL: reset + tool methods), gym (reset + step -> (obs, reward, done,
     # info)), openenv; auto: no step is tools, a step annotated to return a tuple is gym, else a tool,
-    # unannotated an error at start-up asking for this key (rollout/agent.py: environment_style)
+    # unannotated an error at start-up asking for this key (rollout/agent/environments.py: environment_style)
     style: Literal["auto", "tools", "gym", "openenv"] = "auto"
     parser: Literal["tool_call", "python"] = "tool_call"  # how tool calls are written
     max_turns: int = Field(4, gt=0, le=256)  # model turns per trajectory

@@ -20,7 +20,7 @@ import re
 import sqlite3
 from typing import Any
 
-from adarl.rollout.agent import ToolCall
+from adarl.rollout.agent.parsers import ToolCall
 
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
         ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow,

@@ -1,89 +1,37 @@
-"""Multi-turn tool use: a generator that runs each rollout as an agent trajectory.
-
-    AgentGenerator(generator, env_factory, problems, ...).generate(requests) -> rollouts
-
-wraps any generator (hf, vllm) and keeps its `generate` signature, so the scheduler, the budget
-and the learner see ordinary rollouts. Each row is one trajectory:
-
-    generate until the end of the turn or a tool call  →  parse  →  run the tools  →
-    append the tool turn  →  continue                  (until no call, a limit, or the budget)
-
-Token in, token out: the ids the policy sampled are kept as `model` spans and never
-re-tokenised; the tool turn is rendered by the chat template and appended as `template` and
-`tool` spans (not sampled: never trained, never counted as generated). `AgentGenerator.check`
-verifies at start-up that the template extends earlier turns verbatim, else it says so.
-
-Environments come in three styles (`rollout.agent.style`, `environment_style`). "tools" (TRL's
-environment_factory duck type, no TRL import): a class with `reset(**row)`, and every other public
-method a tool, described to the model by its type hints and docstring (`tool_schemas`); an optional
-`get_reward()` becomes the rollout's `env_reward`. "gym": `step(text) -> (observation, reward, done,
-info)` answers every model turn (rendered as a user turn), its rewards add up in `env_reward`, and
-`done` ends the trajectory ("env_done"). "openenv": an OpenEnv server (rollout/openenv.py), gym-like.
-"auto" never guesses: a `step` is gym's only when annotated to return a tuple, a tool when annotated to
-return anything else (TRL's echo example: `def step(self, message: str) -> str`), and an unannotated
-one is an error asking for `style`. One instance per rollout, reset with the problem's row (prompt,
-answer and its columns); what `reset` returns is shown to the model in every style, appended to the
-first user message (`messages`, as TRL does): the prompt is built once per problem from a probe
-environment, and a trajectory whose own reset shows something else is censored ("reset_mismatch").
-Built-in environments are in tools.py (`calculator`).
-
-Failures are of two kinds. The model's own mistakes (a malformed call, an unknown tool, bad
-arguments, a tool raising an error) become a tool message the model reads, and are counted
-(`agent/errors/<kind>`). A call is malformed too when it nests deeper than MAX_ARGUMENT_DEPTH or
-escapes half a surrogate pair; the parsers scan the text once. The environment's failures censor the
-rollout: finish reason "censored", never scored (the trainer drops it from its group and counts it),
-counted by cause in `agent/censored/<why>`: "error" (construction, `reset`, `step` or `get_reward`
-raising anything, a tool raising `EnvironmentFailure` or an error that cannot be shown), "timeout"
-(construction and `reset` past `reset_timeout_s`, a tool call, `step` or `get_reward` past
-`tool_timeout_s`) and "non_finite_reward" (a NaN or infinite reward). Every call into the environment
-runs in a pool of daemon threads (rollout/daemon_pool.py) that fails it at its deadline, so a hang
-neither blocks `generate` nor keeps the process from exiting. Limits: `max_turns` model turns,
-`max_tool_calls`, tool output truncated to `max_tool_output_tokens` with a visible marker (cut to
-CHARS_PER_TOKEN characters a token before it is tokenised), and `max_context_tokens` tokens after
-the prompt (sampled and inserted).
-
-Rows run in waves. A row whose turn ended with tool calls leaves the decoding batch while its
-calls run in the pool (all calls of a turn at once, each bounded by `tool_timeout_s`), and
-rejoins at the next wave after its results are back; the other rows go on decoding meanwhile, so
-one slow tool stalls only its own row. The generator waits for tools only when no row can decode.
-Sampling is keyed per row and position (rollout/hf.py), so a trajectory's tokens do not depend on
-which wave it decoded in.
-
-Partial and async generation (rollout/scheduler.py) work across turns. `stop_when` sees one row per
-trajectory (finished when the trajectory is) and is checked during every decoding step and between
-waves; a stopped row comes back "partial" with its turns so far, tool turns included. A request
-whose `prefix_spans` hold such a partial trajectory continues it: with the environment this
-generator still holds for it, or, after a resume from a checkpoint (or in another process), with a
-fresh environment into which the recorded tool calls are replayed in order. Replay assumes
-deterministic tools: a replayed result that differs from the recorded one censors the rollout
-(`agent/replay_mismatches`). Branching (ARPO/AEPO) and CLEANER's purification need sync mode.
-
-With `purify` (CLEANER's Similarity-Aware Adaptive Rollback, `saar`), a failed tool step is replaced
-by the turn that corrects it, its call or the whole turn by the two calls' similarity, while sampling
-(`_roll_back`, the released code's way) or once the trajectory ends (`purify`); spliced model spans are
-flagged (`Span.rollback`). With `branching` (rollout/arpo.py: ARPO, AEPO) a request's n
-trajectories are grown as a tree: a few chains start from the prompt, a chain may branch after a
-tool turn (the branch shares its spans and gets a copy of its environment), and fresh chains fill
-the slots left.
-"""
+"""The agent loop: `AgentGenerator`, a generator whose rollouts are tool-using trajectories (the
+package docstring, rollout/agent/__init__.py, describes it whole)."""
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import difflib
-import inspect
 import json
 import math
-import re
-import typing
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, CancelledError, Future, wait
 from dataclasses import dataclass, field, replace
-from typing import Any, get_type_hints
+from typing import Any
 
 import numpy as np
 
+from adarl.rollout.agent.cleaner import (
+    ROLLBACK_RETRIES,
+    ROLLBACK_SIMILARITY,
+    purify,
+    saar,
+    step_status,
+    steps_of,
+)
+from adarl.rollout.agent.environments import (
+    EnvironmentFailure,
+    close_env,
+    environment_style,
+    observation_text,
+    tools_of,
+    tools_prompt,
+    with_observation,
+    with_tools,
+)
+from adarl.rollout.agent.parsers import CALL_MARKERS, PARSERS, MalformedCall, ToolCall
 from adarl.rollout.arpo import ArpoBranching, segment_entropy
 from adarl.rollout.daemon_pool import CallTimeout, DaemonPool
 from adarl.types import FinishReason, Problem, Request, Rollout, Span, sampled_tokens, shared_span_owners
@@ -98,207 +46,6 @@ PREVIEW = 80  # characters of a malformed call shown back to the model
 # why a rollout was censored (`agent/censored/<why>`): the environment failed, never the model
 CENSORED_BY = ("error", "timeout", "non_finite_reward", "reset_mismatch")
 
-
-class EnvironmentFailure(RuntimeError):
-    """Raised by an environment (or its tool) that failed itself, not because of the model: censors the rollout."""
-
-
-@dataclass
-class ToolCall:
-    name: str
-    arguments: dict[str, Any]
-
-
-class MalformedCall(ValueError):
-    """The model wrote a tool call that cannot be parsed."""
-
-
-# ---------------------------------------------------------------- parsers
-
-MAX_ARGUMENT_DEPTH = 32  # nesting of a call's JSON (its object is level 1); deeper is a malformed call
-_SURROGATE = re.compile("[\ud800-\udfff]")  # JSON's \uXXXX escape can write half a surrogate pair
-
-
-def _blocks(text: str, start: str, end: str) -> tuple[list[str], bool]:
-    """The bodies between `start` and the next `end`, scanned once (a regex's lazy match rescans the
-    rest of the text at every unclosed start); and whether a last `start` was left unclosed."""
-    bodies, at = [], 0
-    while (i := text.find(start, at)) >= 0:
-        j = text.find(end, i + len(start))
-        if j < 0:
-            return bodies, True
-        bodies.append(text[i + len(start):j])
-        at = j + len(end)
-    return bodies, False
-
-
-def _check_json(value: Any) -> None:
-    """MalformedCall if `value` nests deeper than MAX_ARGUMENT_DEPTH or holds a lone surrogate (no
-    tool or tokenizer can take it). Iterative: a deep value cannot exhaust the stack here."""
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, (dict, list)):
-            if depth > MAX_ARGUMENT_DEPTH:
-                raise MalformedCall(f"nested deeper than {MAX_ARGUMENT_DEPTH} levels")
-            stack += [(v, depth + 1) for v in (item.values() if isinstance(item, dict) else item)]
-            if isinstance(item, dict):
-                stack += [(k, depth) for k in item]
-        elif isinstance(item, str) and not item.isascii() and _SURROGATE.search(item):
-            raise MalformedCall("a \\uXXXX escape writes half a surrogate pair, which is not a character")
-
-
-def parse_tool_call(text: str) -> list[ToolCall]:
-    """`<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks (Hermes/Qwen form)."""
-    calls = []
-    bodies, unclosed = _blocks(text, "<tool_call>", "</tool_call>")
-    for body in bodies:
-        try:
-            data = json.loads(body)
-        except ValueError as err:  # (a JSONDecodeError, or an integer of more digits than Python reads)
-            raise MalformedCall(f"not JSON ({getattr(err, 'msg', err)})") from None
-        except RecursionError:  # (the decoder recurses once per level)
-            raise MalformedCall(f"nested deeper than {MAX_ARGUMENT_DEPTH} levels") from None
-        _check_json(data)
-        if not isinstance(data, dict) or not isinstance(data.get("name"), str):
-            raise MalformedCall('expected {"name": "...", "arguments": {...}}')
-        args = data.get("arguments", {})
-        if not isinstance(args, dict):
-            raise MalformedCall("arguments must be a JSON object")
-        calls.append(ToolCall(data["name"], args))
-    if not calls and unclosed:
-        raise MalformedCall("<tool_call> without a closing </tool_call>")
-    return calls
-
-
-def parse_python_block(text: str) -> list[ToolCall]:
-    """A fenced python code block is a call of the `python` tool with that code."""
-    return [ToolCall("python", {"code": code}) for code in _blocks(text, "```python\n", "```")[0]]
-
-
-# name -> (parse, the stop string that ends a turn holding a call)
-PARSERS: dict[str, tuple[Callable[[str], list[ToolCall]], str]] = {
-    "tool_call": (parse_tool_call, "</tool_call>"),
-    "python": (parse_python_block, "```\n"),
-}
-CALL_MARKERS = {"tool_call": "<tool_call>", "python": "```python\n"}  # where a parser's call begins
-
-
-# ---------------------------------------------------------------- tools
-
-def tools_of(env: Any) -> dict[str, Callable[..., Any]]:
-    """The environment's tools: its public methods other than `reset`, `get_reward`, `demonstration`, `close`."""
-    return {name: fn for name, fn in inspect.getmembers(env, callable)
-            if not name.startswith("_") and name not in NOT_TOOLS and inspect.ismethod(fn)}
-
-
-NOT_TOOLS = ("reset", "get_reward", "demonstration", "close")
-
-STYLES = ("tools", "gym", "openenv")
-
-
-def _step_returns(env_class: Any) -> str | None:
-    """What `step` is declared to return: "tuple" (gym's (observation, reward, done, info)), "other" (a
-    tool's result, e.g. `-> str`), or None (no return annotation on it, nor on an overridden base `step`)."""
-    for klass in inspect.getmro(env_class) if isinstance(env_class, type) else (type(env_class),):
-        fn = klass.__dict__.get("step")
-        if fn is None:
-            continue
-        declared = getattr(fn, "__annotations__", {}).get("return")
-        if declared is None:
-            continue  # a subclass overriding `step` without saying: ask its base
-        if isinstance(declared, str):  # (postponed annotations)
-            return "tuple" if re.match(r"\s*(typing\.)?tuple\b", declared, re.IGNORECASE) else "other"
-        return "tuple" if (typing.get_origin(declared) or declared) is tuple else "other"
-    return None
-
-
-def environment_style(env_factory: Any, style: str = "auto") -> str:
-    """How the loop talks to an environment (`rollout.agent.style`): "tools" (TRL's environment_factory:
-    `reset` and tool methods, a tool may be named `step`), "gym" (`step(text) -> (observation, reward, done,
-    info)` answers every model turn) or "openenv" (an OpenEnv server, gym-like). "auto" decides without
-    guessing: no `step` is "tools"; a `step` annotated to return a tuple is "gym", annotated to return
-    anything else (TRL's `def step(self, message: str) -> str`) is a tool; an unannotated `step` is
-    ambiguous, a ValueError that names the class and asks for `style`."""
-    name = getattr(env_factory, "__qualname__", type(env_factory).__name__)
-    if style not in ("auto", *STYLES):
-        raise ValueError(f"rollout.agent.style {style!r}: expected auto, {', '.join(STYLES)}")
-    has_step = callable(getattr(env_factory, "step", None))
-    if style in ("gym", "openenv") and not has_step:
-        raise ValueError(f"rollout.agent.style {style}: environment {name} has no step(text) method")
-    if style != "auto":
-        return style
-    if not has_step:
-        return "tools"
-    returns = _step_returns(env_factory)
-    if returns is None:
-        raise ValueError(f"environment {name}: its `step` could be gym's step(text) -> (observation, reward, "
-                         "done, info) or a tool named step (TRL); set rollout.agent.style: gym or tools (or "
-                         "annotate step's return type: a tuple for gym, e.g. str for a tool)")
-    return "gym" if returns == "tuple" else "tools"
-
-
-def observation_text(value: Any) -> str:
-    """What the model is shown of an observation (`reset`'s return, a gym `step`'s first item): a string
-    as is, chat messages as their contents (a list of anything else is a TypeError), gymnasium's `reset`
-    pair (observation, info) as its observation, None as nothing, anything else as its `str`."""
-    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], dict):
-        value = value[0]
-    if value is None:
-        return ""
-    if isinstance(value, list):  # chat messages
-        if not all(isinstance(m, dict) for m in value):
-            raise TypeError("an observation that is a list must be chat messages (dicts)")
-        return "\n".join(str(m.get("content", "")) for m in value)
-    return str(value)
-
-
-def with_observation(messages: list[dict[str, str]], observation: str) -> list[dict[str, str]]:
-    """`messages` with `observation` (what `reset` returned) appended to the first user message, as TRL
-    does; a chat with no user message gets it as one."""
-    if not observation:
-        return messages
-    out = [dict(m) for m in messages]
-    first = next((i for i, m in enumerate(out) if m["role"] == "user"), None)
-    if first is None:
-        return [*out, {"role": "user", "content": observation}]
-    out[first]["content"] = f"{out[first]['content']}\n\n{observation}" if out[first]["content"] else observation
-    return out
-
-
-_JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array", dict: "object"}
-
-
-def tool_schemas(env: Any) -> list[dict[str, Any]]:
-    """A JSON schema per tool, from its type hints and the first line of its docstring."""
-    out = []
-    for name, fn in sorted(tools_of(env).items()):
-        hints = get_type_hints(fn)
-        params = [p for p in inspect.signature(fn).parameters.values() if p.kind is p.POSITIONAL_OR_KEYWORD]
-        out.append({"name": name, "description": (inspect.getdoc(fn) or "").split("\n")[0],
-                    "parameters": {"type": "object",
-                                   "properties": {p.name: {"type": _JSON_TYPES.get(hints.get(p.name), "string")}
-                                                  for p in params},
-                                   "required": [p.name for p in params if p.default is p.empty]}})
-    return out
-
-
-def with_tools(problem: Problem, text: str) -> list[dict[str, str]]:
-    """The problem's chat with `text` (`tools_prompt(env)`) added to its system message."""
-    msgs = list(problem.messages)
-    if msgs and msgs[0]["role"] == "system":
-        return [{"role": "system", "content": msgs[0]["content"] + "\n\n" + text}, *msgs[1:]]
-    return [{"role": "system", "content": text}, *msgs]
-
-
-def tools_prompt(env: Any) -> str:
-    """The system message that tells the model its tools and the call format."""
-    lines = [json.dumps(s) for s in tool_schemas(env)]
-    return ("You can call tools. To call one, write <tool_call>{\"name\": NAME, \"arguments\": {...}}</tool_call> "
-            "and wait for its result. Tools:\n" + "\n".join(lines))
-
-
-# ---------------------------------------------------------------- the loop
 
 @dataclass
 class _Trajectory:
@@ -340,108 +87,6 @@ def turns_of(spans: Sequence[Span]) -> list[tuple[list[int], list[Span]]]:
         elif turns:
             turns[-1][1].append(span)
     return turns
-
-
-def close_env(env: Any) -> None:
-    """Release what an environment holds (an OpenEnv session), if it has a `close`; never raises."""
-    close = getattr(env, "close", None)
-    if callable(close):
-        with contextlib.suppress(Exception):  # closing is best effort
-            close()
-
-
-ROLLBACK_SIMILARITY = 0.5  # CLEANER's released code: a call at least this similar keeps the failed turn's reasoning
-ROLLBACK_RETRIES = 3  # ... and at most this many corrections replace one failed step (`max_tool_retries`)
-
-
-def steps_of(spans: Sequence[Span]) -> list[list[Span]]:
-    """A trajectory's steps: a model turn (its model spans) and the spans inserted after it."""
-    steps: list[list[Span]] = []
-    for span in spans:
-        if not steps or (span.role == "model" and steps[-1][-1].role != "model"):
-            steps.append([span])
-        else:
-            steps[-1].append(span)
-    return steps
-
-
-def step_status(step: Sequence[Span]) -> str | None:
-    """"error" if a tool call of the step failed, "ok" if its tools answered, None: no tool turn."""
-    return next((s.status for s in step if s.role == "tool"), None)
-
-
-def _joined(spans: Sequence[Span]) -> Span:
-    """One model span of a turn's model spans (a turn continued across calls has several)."""
-    def cat(name: str) -> list | None:
-        parts = [getattr(s, name) for s in spans]
-        return None if any(p is None for p in parts) else [x for p in parts for x in p]
-
-    return Span("model", [t for s in spans for t in s.ids], cat("logprobs"), cat("entropies"), cat("versions"))
-
-
-def _cut(span: Span, start: int, end: int | None = None, rollback: str | None = None) -> Span:
-    part = lambda v: None if v is None else v[start:end]  # noqa: E731
-    return Span("model", span.ids[start:end], part(span.logprobs), part(span.entropies), part(span.versions),
-                rollback=rollback)
-
-
-def call_start(ids: Sequence[int], decode: Callable[[list[int]], str], marker: str) -> int | None:
-    """The index of the token where the turn's tool call (`marker`) begins, None without one. Both searches
-    are binary: whether a prefix's text holds the marker, and whether it reaches the marker's first character."""
-    full = decode(list(ids))
-    if (at := full.find(marker)) < 0:
-        return None
-    lo, hi = 0, len(ids)  # the longest prefix whose text ends before the marker begins
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if len(decode(list(ids[:mid]))) <= at and marker not in decode(list(ids[:mid])):
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
-def saar(failed: Sequence[Span], retry: Sequence[Span], decode: Callable[[list[int]], str], marker: str,
-         threshold: float = ROLLBACK_SIMILARITY) -> tuple[list[Span], str]:
-    """CLEANER's Similarity-Aware Adaptive Rollback (Xu et al. 2026; released code: `tool_agent_loop.py`,
-    `_overwrite_last_assistant_turn`): the model spans that replace a failed turn (`failed`) by the turn
-    that corrected it (`retry`, sampled after the failed one and its error). With s the
-    `difflib.SequenceMatcher` ratio of the two turns' call texts (from `marker` on):
-
-        s ≥ threshold (0.5):  the failed turn's reasoning, then the retry's call    ("call": a shallow repair)
-        s < threshold, or a turn without a call:  the retry's whole turn            ("turn": a deep one)
-
-    The spliced tokens are flagged (`Span.rollback`); the kept reasoning was sampled where it stands."""
-    old, new = _joined(failed), _joined(retry)
-    k_old, k_new = call_start(old.ids, decode, marker), call_start(new.ids, decode, marker)
-    if k_old is not None and k_new is not None:
-        similarity = difflib.SequenceMatcher(None, decode(old.ids[k_old:]), decode(new.ids[k_new:])).ratio()
-        if similarity >= threshold:
-            kept = [_cut(old, 0, k_old)] if k_old else []
-            return [*kept, _cut(new, k_new, rollback="call")], "call"
-    return [_cut(new, 0, rollback="turn")], "turn"
-
-
-def purify(spans: list[Span], splice: Callable[[Sequence[Span], Sequence[Span]], tuple[list[Span], str]],
-           retries: int = ROLLBACK_RETRIES) -> tuple[list[Span], int]:
-    """CLEANER after the fact (`purify_when: after`, a reading of the paper): every failed tool step that
-    the next step corrects, or retries (up to `retries` failed ones), collapses into one step: `splice` of
-    the failed turn and its correction (`saar`), then the correction's tool turn. Returns (spans, steps
-    rolled back). The online form (`purify_when: online`, the released code's) does this while sampling."""
-    out: list[list[Span]] = []
-    rolled, streak = 0, 0
-    for step in steps_of(spans):
-        prev = out[-1] if out else None
-        if prev is not None and step_status(prev) == "error" and streak < retries and step[0].role == "model":
-            model = [s for s in step if s.role == "model"]
-            spliced, _ = splice([s for s in prev if s.role == "model"], model)
-            out[-1] = spliced + step[len(model):]
-            rolled += 1
-            streak = streak + 1 if step_status(step) == "error" else 0
-            continue
-        streak = 0
-        out.append(list(step))
-    return [s for step in out for s in step], rolled
 
 
 class AgentGenerator:
@@ -1036,3 +681,4 @@ class AgentGenerator:
             m["branch/shared_token_fraction"] = 1.0 - sampled_tokens(rollouts) / per_leaf if per_leaf else 0.0
             m["branch/branched_leaves"] = float(len({i for v in shared_span_owners(rollouts).values() for i in v}))
         self._metrics = m
+
