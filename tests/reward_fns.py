@@ -90,3 +90,14 @@ def getpid() -> int:
 
 def unpicklable_result() -> Any:
     return lambda: None
+
+
+def unscorable_reward(prompts: list[Any], completions: list[str], down: list[Any] | None = None,
+                      **columns: Any) -> list[float]:
+    """The service it scores with is down for problems whose `down` column is true (`ScoringFailure`: the
+    rollout is censored); a completion containing 'wrong' scores 0, any other 1."""
+    from adarl.rewards import ScoringFailure
+
+    if down and down[0]:
+        raise ScoringFailure("the scoring service is down")
+    return [0.0 if "wrong" in c else 1.0 for c in completions]

@@ -320,7 +320,7 @@ class Guess:
     def reset(self, **row):
         self.target, self.steps = 7, 0
 
-    def step(self, text):
+    def step(self, text) -> tuple[str, float, bool, dict]:  # a tuple: gym-style (`environment_style`)
         self.steps += 1
         guess = int(text.strip().rstrip(".").split()[-1])
         if guess == self.target:

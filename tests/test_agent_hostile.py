@@ -557,7 +557,7 @@ def test_an_environment_that_cannot_be_built_to_describe_its_tools_is_named(wher
             raise RuntimeError("no licence") if where == "raises" else SystemExit(1)
 
     ag, _, _ = agent({0: ["x"]}, env=Unbuildable, reset_timeout_s=DEADLINE_S)
-    with pytest.raises(EnvironmentFailure, match="describing the environment's tools"):
+    with pytest.raises(EnvironmentFailure, match="building and resetting its environment for the prompt"):
         bounded(lambda: ag.messages(ag.problems["p"]), DEADLINE_S + 2.0)
 
 

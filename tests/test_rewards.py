@@ -378,7 +378,9 @@ def test_format_only_rewards_define_correctness() -> None:
     np.testing.assert_array_equal(group.correct, [1.0, 0.0])
 
 
-def test_timeouts_errors_and_crashes_score_zero_and_are_counted() -> None:
+def test_timeouts_and_crashes_censor_errors_score_zero_and_all_are_counted() -> None:
+    """A worker that timed out or crashed says nothing of the answer: its rollout is censored (left out of
+    its group, never scored 0); a reward that raised scores the completion 0 (was: all three scored 0)."""
     configs = [
         RewardConfig(type="callable", function="reward_fns:sleepy_reward"),
         RewardConfig(type="callable", function="reward_fns:raising_reward"),
@@ -394,8 +396,13 @@ def test_timeouts_errors_and_crashes_score_zero_and_are_counted() -> None:
         assert metrics["reward_timeouts"] == 1
         assert metrics["reward_crashes"] == 1
         assert metrics["reward_errors"] == 1 + 4  # 'bad' raises; nan is an error for every rollout
-        np.testing.assert_array_equal(group.rewards, [[0, 1, 1, 0], [1, 0, 1, 0], [1, 1, 0, 0], [1, 1, 1, 0]])
-        np.testing.assert_array_equal(group.correct, [0, 0, 0, 1])
+        assert metrics["reward_censored"] == 2  # 'sleep' (timed out) and 'crash' (its worker died)
+        assert [r.text for r in group.rollouts] == ["bad", "fine"]
+        np.testing.assert_array_equal(group.rewards, [[1, 0, 1, 0], [1, 1, 1, 0]])
+        np.testing.assert_array_equal(group.correct, [0, 1])
+        uncensored = make_group(["sleep", "crash"])  # evaluation's way: unscorable counts as wrong
+        rewards.score([uncensored], censor=False)
+        np.testing.assert_array_equal(uncensored.rewards, [[0, 1, 1, 0], [1, 1, 0, 0]])
         # The pool recovered: a clean batch scores normally.
         again = make_group(["fine", "also fine"])
         metrics = rewards.score([again])

@@ -309,12 +309,16 @@ class OpenEnvConfig(Section):
 
 
 class AgentConfig(Section):
-    """Multi-turn tool use (rollout/agent.py): every rollout is a trajectory in an environment."""
+    """Multi-turn tool use (rollout/agent/): every rollout is a trajectory in an environment."""
 
     # a built-in name, "openenv" (an OpenEnv server: the `openenv` section), or "package.module:Class"
     # (TRL-style: reset + tools; or gym-style: reset + step)
     environment: str = "calculator"
     openenv: OpenEnvConfig | None = None
+    # how the loop talks to it: tools (TRL: reset + tool methods), gym (reset + step -> (obs, reward, done,
+    # info)), openenv; auto: no step is tools, a step annotated to return a tuple is gym, else a tool,
+    # unannotated an error at start-up asking for this key (rollout/agent/environments.py: environment_style)
+    style: Literal["auto", "tools", "gym", "openenv"] = "auto"
     parser: Literal["tool_call", "python"] = "tool_call"  # how tool calls are written
     max_turns: int = Field(4, gt=0, le=256)  # model turns per trajectory
     max_tool_calls: int = Field(8, gt=0, le=4096)
@@ -325,7 +329,14 @@ class AgentConfig(Section):
     tool_workers: int = Field(4, gt=0, le=256)
     tools_prompt: bool = True  # describe the tools and the call format in a system message
     branching: ArpoConfig | None = None  # branch trajectories after tool calls; None: independent
-    purify: bool = False  # CLEANER: drop a failed tool step that a successful one directly corrects
+    # CLEANER (SAAR): a failed tool step is replaced by the turn that corrects it: its call only after the
+    # failed turn's reasoning when the two calls are at least `purify_similarity` alike (difflib ratio),
+    # else the whole turn; at most `purify_retries` corrections in a row. online: while sampling (the
+    # released code: later turns see the purified context); after: once the trajectory ends
+    purify: bool = False
+    purify_when: Literal["online", "after"] = "online"
+    purify_similarity: float = Field(0.5, ge=0.0, le=1.0)
+    purify_retries: int = Field(3, ge=1, le=64)
 
     @model_validator(mode="after")
     def _openenv(self) -> AgentConfig:
@@ -334,6 +345,9 @@ class AgentConfig(Section):
         if self.openenv is not None and self.environment != "openenv":
             raise ValueError(f"rollout.agent.openenv is set but rollout.agent.environment is {self.environment!r}; "
                              "set environment: openenv")
+        if (self.style == "openenv") != (self.environment == "openenv") and self.style != "auto":
+            raise ValueError(f"rollout.agent.style {self.style!r} with rollout.agent.environment {self.environment!r}: "
+                             "style openenv goes with environment: openenv (and only it)")
         return self
 
 

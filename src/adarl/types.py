@@ -61,7 +61,7 @@ class Request:
     # call's max_new_tokens (a tree's segment); they finish "length" there
     max_new_tokens: int | None = None
     # the partial completion's spans (ids = prefix_ids): an agent continues a trajectory from them, replaying
-    # its tool calls into a fresh environment when it no longer holds the live one (rollout/agent.py)
+    # its tool calls into a fresh environment when it no longer holds the live one (rollout/agent/)
     prefix_spans: list[Span] | None = None
     # the first token sampled must not be this one: a branch forced to leave its parent's path at the
     # fork point (EPTree `distinct`; hf backend). The token is drawn from the policy renormalised without
@@ -89,6 +89,11 @@ class Span:
     versions: list[int] | None = None  # the policy version that sampled each token (model spans)
     name: str | None = None  # tool spans: the tool's name
     status: str | None = None  # tool spans: "ok", "error", "timeout"
+    # model spans CLEANER spliced in (rollout/agent/cleaner.py: `saar`): sampled in a context that held a failed tool
+    # step and its error, which the record no longer shows: "call" (a corrected call after the failed turn's
+    # kept reasoning) or "turn" (a whole corrected turn). Their log-probs are of that other context; the
+    # learner's recomputed ones are of the record's (CLEANER's released code trains them that way)
+    rollback: str | None = None
 
     @property
     def sampled(self) -> bool:

@@ -120,6 +120,7 @@ class Swarm:
             foreign.append(group)
         if foreign:
             rewards.score(foreign)
+            foreign = [g for g in foreign if g.rollouts]  # (censored by its reward)
         return foreign, {"sapo/published": float(k), "sapo/taken": float(len(foreign)),
                          "sapo/taken_rollouts": float(sum(g.size for g in foreign)),
                          "sapo/taken_tokens": float(sum(len(r) for g in foreign for r in g.rollouts)),

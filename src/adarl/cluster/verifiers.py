@@ -16,8 +16,6 @@ import sys
 import time
 from collections.abc import Sequence
 
-import numpy as np
-
 from adarl.cluster import connect, disconnect, least_loaded
 from adarl.config import RewardConfig
 from adarl.types import Group
@@ -32,9 +30,14 @@ class VerifierWorker:
 
         self.rewards = Rewards(configs, workers=workers, timeout_s=timeout_s)
 
-    def score(self, groups: list[Group]) -> tuple[list[tuple[np.ndarray, np.ndarray]], dict[str, float], int]:
-        metrics = self.rewards.score(groups)
-        return [(g.rewards, g.correct) for g in groups], metrics, sum(g.size for g in groups)
+    def score(self, groups: list[Group], censor: bool = True) -> tuple[list[tuple], dict[str, float], int]:
+        """(rewards, correctness, the indices of the rollouts kept: not censored) per group, metrics, rows."""
+        before = [list(g.rollouts) for g in groups]
+        metrics = self.rewards.score(groups, censor)
+        kept = [[i for i, r in enumerate(rs) if any(r is k for k in g.rollouts)]
+                for rs, g in zip(before, groups, strict=True)]
+        return [(g.rewards, g.correct, k) for g, k in zip(groups, kept, strict=True)], metrics, \
+            sum(len(rs) for rs in before)
 
 
 class RayRewards:
@@ -54,23 +57,28 @@ class RayRewards:
         self.actors = [ray.remote(VerifierWorker).options(num_cpus=num_cpus, max_restarts=3, max_task_retries=3)
                        .remote(list(configs), workers, timeout_s, list(sys.path)) for _ in range(verifiers)]
 
-    def score(self, groups: Sequence[Group]) -> dict[str, float]:
-        """As `Rewards.score`: fills each group's rewards, reward names and correctness; returns metrics."""
+    def score(self, groups: Sequence[Group], censor: bool = True) -> dict[str, float]:
+        """As `Rewards.score`: fills each group's rewards, reward names and correctness (leaving out the
+        rollouts a reward censored); returns metrics."""
         import ray
 
         start = time.perf_counter()
         shares: list[list[int]] = [[] for _ in self.actors]
         for i, a in enumerate(least_loaded([g.size for g in groups], len(self.actors))):
             shares[a].append(i)
-        calls = [(share, actor.score.remote([groups[i] for i in share]))
+        calls = [(share, actor.score.remote([groups[i] for i in share], censor))
                  for share, actor in zip(shares, self.actors, strict=True) if share]
         metrics: dict[str, float] = {f"reward/{name}": 0.0 for name in self.names}
-        metrics.update(reward_errors=0.0, reward_timeouts=0.0, reward_crashes=0.0)
+        metrics.update(reward_errors=0.0, reward_timeouts=0.0, reward_crashes=0.0, reward_censored=0.0)
         total = 0
         for share, ref in calls:
             scored, part, rows = ray.get(ref)
-            for i, (rewards, correct) in zip(share, scored, strict=True):
+            for i, (rewards, correct, kept) in zip(share, scored, strict=True):
                 groups[i].rewards, groups[i].correct, groups[i].reward_names = rewards, correct, self.names
+                if len(kept) < groups[i].size:  # censored by a reward (`Rewards.score`)
+                    for j in set(range(groups[i].size)) - set(kept):
+                        groups[i].rollouts[j].finish_reason = "censored"
+                    groups[i].rollouts = [groups[i].rollouts[j] for j in kept]
             for key, value in part.items():
                 if key.startswith("reward/"):
                     metrics[key] = metrics.get(key, 0.0) + value * rows

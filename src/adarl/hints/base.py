@@ -54,7 +54,7 @@ def prefix_of(text: str, ratio: float) -> str:
 
 def hint_rung(hints: Any, groups: dict[str, Group], store: Any, tokenizer: Any, messages: Callable[[Problem], list],
               prompt_ids: Callable[[Problem], list[int]], generate: Callable[[list[Request]], Any],
-              verify: Callable[[list[Group]], None], metrics: Any) -> None:
+              verify: Callable[[list[Group]], Any], metrics: Any) -> None:
     """The ladder's last rung (hints/): hinted rollouts for the groups where every rollout failed,
     in the hint method's rounds; they replace their group or join it.
 
@@ -94,7 +94,8 @@ def hint_rung(hints: Any, groups: dict[str, Group], store: Any, tokenizer: Any, 
                     r.guided = True
             done.append(plan)
             fresh.append(Group(plan.problem, plain[plan.problem.id], gen.rollouts, group_id=gen.group_id))
-        verify(fresh)
+        verify(fresh)  # a group whose every rollout the reward censored is left out
+        done, fresh = [p for p, g in zip(done, fresh, strict=True) if g.rollouts], [g for g in fresh if g.rollouts]
         hints.observe(done, fresh)
         for plan, g in zip(done, fresh, strict=True):
             if plan.replace:

@@ -100,7 +100,7 @@ def _score(generator: Any, rewards: Any, problems: list, prompt_ids: dict[str, l
             out = generator.generate([Request(p.id, prompt_ids[p.id], k) for p in problems], greedy=greedy,
                                      max_new_tokens=max_new_tokens, stop_when=bar.observe)
         groups = [Group(p, prompt_ids[p.id], out[i * k:(i + 1) * k]) for i, p in enumerate(problems)]
-        rewards.score(groups)
+        rewards.score(groups, censor=False)  # an answer that cannot be scored counts as wrong here
         return groups
 
     greedy = generate(1, True, "greedy")

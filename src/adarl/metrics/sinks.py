@@ -266,7 +266,8 @@ class RunLogs:
                     extra = {}
                     if len(r.spans) > 1 and self.decode is not None:  # an agent's trajectory, turn by turn
                         extra["trajectory"] = [{"role": s.role, "text": self.decode(s.ids), **(
-                            {"tool": s.name, "status": s.status} if s.role == "tool" else {})}
+                            {"tool": s.name, "status": s.status} if s.role == "tool" else {}),
+                            **({"rollback": s.rollback} if s.rollback else {})}
                             for s in r.spans if s.role != "template"]
                     f.write(json.dumps({**extra,
                         "step": step, "prompt_id": g.problem.id, "prompt": prompt, "completion": r.text,

@@ -3,7 +3,12 @@
 `Rewards` composes the configured rewards (``RewardConfig``) and scores whole groups of rollouts.
 math-verify, user functions and code rewards (whose programs run in `sandbox`) always run in
 supervised worker processes (`WorkerPool`) with a wall-clock timeout, so a hanging, crashing or
-memory-hungry verifier scores 0 and is counted, never raised. Each user function has workers of
+memory-hungry verifier is counted, never raised. What happens to its rollout: a verifier that raised
+scores 0 (a failure of the completion, as the reward says: its code raised, its answer did not parse);
+one that could not score for reasons outside the completion censors the rollout (left out of its
+group, never scored 0, `reward_censored`): its worker crashed or timed out (the code reward's sandbox
+has its own, shorter limit, so a slow program is a 0 before the worker's deadline), or it raised
+`ScoringFailure` (the code sandbox could not start). Each user function has workers of
 its own, and no built-in scorer runs in a process where user code ran: user modules are imported
 only in workers (validation included), never in this process. The cheap pure-Python scorers
 (short answers, the default format check) run in-process behind a guard that turns any
@@ -34,7 +39,8 @@ if TYPE_CHECKING:
     from adarl.config import RewardConfig
     from adarl.types import Group
 
-__all__ = ["BUILTIN", "Rewards", "WorkerPool", "reward_name", "validate_callable"]
+__all__ = ["BUILTIN", "Rewards", "ScoringFailure", "WorkerPool", "reward_name", "validate_callable"]
+ScoringFailure = user_fn.ScoringFailure
 
 # the built-in rewards by `type`, each with TRL's signature f(prompts, completions, **columns) -> list[float],
 # the signature of user functions (`type: callable`); every reward is called through `callable.call_fn`
@@ -173,13 +179,16 @@ class Rewards:
             more = " (further failures of this reward are not logged)" if last else ""
             log.warning("reward %r: %s: %s%s", name, status, message, more)
 
-    def score(self, groups: Sequence[Group]) -> dict[str, float]:
+    def score(self, groups: Sequence[Group], censor: bool = True) -> dict[str, float]:
         """Score every rollout of every group; fills `rewards`, `reward_names` and `correct` in place.
 
         ``group.rewards[i, j]`` is weight_j times the raw score of rollout i by reward j; a
-        rollout is correct when every correctness reward scored it above 0.5. Returns metrics:
-        ``reward/<name>`` (mean raw score), ``reward_errors``, ``reward_timeouts``,
-        ``reward_crashes`` (counts in this call) and ``verify_s``.
+        rollout is correct when every correctness reward scored it above 0.5. A rollout that a reward
+        could not score for reasons outside it (a crashed or timed-out worker, `ScoringFailure`) is
+        censored: with `censor`, removed from its group (its `finish_reason` set to "censored"; a group
+        may be left empty), else scored 0. Returns metrics: ``reward/<name>`` (mean raw score of the
+        rollouts kept), ``reward_errors``, ``reward_timeouts``, ``reward_crashes``,
+        ``reward_censored`` (counts in this call) and ``verify_s``.
         """
         import numpy as np
 
@@ -187,6 +196,7 @@ class Rewards:
         rows = [(g, r) for g in groups for r in g.rollouts]
         raw = np.zeros((len(rows), len(self.configs)), dtype=np.float64)
         failures: Counter[str] = Counter()
+        censored = np.zeros(len(rows), dtype=bool)  # could not be scored, for reasons outside the completion
         jobs: list[Job] = []
         domains: list[str] = []
         where: list[tuple[int, int]] = []
@@ -206,7 +216,12 @@ class Rewards:
                             raise ValueError(f"non-finite environment reward {value}")
                         raw[i, j] = value
                         continue
-                    raw[i, j] = self._local(config, group, text)
+                    value = self._local(config, group, text)
+                    if value == user_fn.CENSORED:
+                        censored[i] = True
+                        self._warn(self.names[j], "censored", "the reward could not score it (ScoringFailure)")
+                        continue
+                    raw[i, j] = value
                 except Exception as exc:  # noqa: BLE001 - a scorer bug scores 0, never stops training
                     failures["error"] += 1
                     self._warn(self.names[j], "error", repr(exc))
@@ -214,6 +229,12 @@ class Rewards:
             results = self.pool.run(jobs, domains)
             messages = dict(self.pool.errors)
             for n, ((i, j), (value, status)) in enumerate(zip(where, results, strict=True)):
+                if status == "ok" and value == user_fn.CENSORED:
+                    censored[i] = True
+                    self._warn(self.names[j], "censored", "the reward could not score it (ScoringFailure)")
+                    continue
+                if status in ("timeout", "crashed"):  # the worker, not the score: nothing says the answer is wrong
+                    censored[i] = True
                 if status == "ok":
                     try:
                         if type(value) not in (float, int, bool):
@@ -231,16 +252,25 @@ class Rewards:
 
         weights = np.asarray(self.weights, dtype=np.float64)
         mask = np.asarray(self.correctness, dtype=bool)
+        if not censor:
+            censored[:] = False
         offset = 0
         for group in groups:
-            block = raw[offset:offset + group.size]
+            block, out = raw[offset:offset + group.size], censored[offset:offset + group.size]
             offset += group.size
+            if out.any():
+                for r in (r for r, drop in zip(group.rollouts, out, strict=True) if drop):
+                    r.finish_reason = "censored"
+                group.rollouts = [r for r, drop in zip(group.rollouts, out, strict=True) if not drop]
+                block = block[~out]
             group.rewards = block * weights
             group.reward_names = self.names
             group.correct = np.all(block[:, mask] > 0.5, axis=1).astype(np.float64)
 
-        metrics = {f"reward/{name}": float(raw[:, j].mean()) if len(rows) else 0.0
+        kept = raw[~censored]
+        metrics = {f"reward/{name}": float(kept[:, j].mean()) if len(kept) else 0.0
                    for j, name in enumerate(self.names)}
+        metrics["reward_censored"] = float(censored.sum())
         metrics["reward_errors"] = float(failures["error"])
         metrics["reward_timeouts"] = float(failures["timeout"])
         metrics["reward_crashes"] = float(failures["crashed"])

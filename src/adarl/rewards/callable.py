@@ -18,6 +18,14 @@ from typing import Any
 RewardFn = Callable[..., Any]
 
 _RESERVED = ("prompts", "completions")
+CENSORED = "censored"  # what a scoring job returns for a completion it could not score (`ScoringFailure`)
+
+
+class ScoringFailure(Exception):
+    """Raised by a reward that could not score a completion for a reason outside it (its sandbox could not
+    start, a service it needs is down): the rollout is censored (left out of its group, never scored 0).
+    A failure *of* the completion (its code raised, its query was wrong) is a score, not this."""
+
 _loaded: dict[str, RewardFn] = {}  # per process: workers import each function once
 
 
@@ -123,7 +131,10 @@ def call_fn(fn: RewardFn, prompt: Any, completion: str, answer: Any, columns: di
     their recipe settings as `options` (which win over a column of the same name)."""
     kwargs = {k: [v] for k, v in columns.items() if k not in _RESERVED}
     kwargs["answer"] = [answer]
-    return to_score(fn(prompts=[prompt], completions=[completion], **{**kwargs, **(options or {})}))
+    try:
+        return to_score(fn(prompts=[prompt], completions=[completion], **{**kwargs, **(options or {})}))
+    except ScoringFailure:
+        return CENSORED  # type: ignore[return-value]  (plain data, so it crosses the pool's pipe)
 
 
 def call(spec: str, prompt: Any, completion: str, answer: Any, columns: dict[str, Any]) -> float:

@@ -19,8 +19,8 @@ the model's code never runs in the judge's process, cannot read its memory (the 
 dumpable; the sandbox refuses ptrace), and cannot read the tests (the judge forks the solver
 before it reads them from its stdin). An object whose ``__eq__`` always returns True is not plain data, so
 it fails too. A wrong, crashing, hanging or memory-hungry program scores 0.0 (a wrong answer,
-not a verifier failure); only a sandbox that cannot start raises (and is counted as a reward
-error).
+not a verifier failure); only a sandbox that cannot start raises `ScoringFailure`: the rollout is
+censored (left out of its group, counted in `reward_censored`), never scored 0.
 
 Limits of the split: the tests can pass only plain data to the model's functions and get only
 plain data back (a test that passes a lambda, or expects a generator or an instance of the
@@ -35,6 +35,7 @@ import re
 from typing import Any
 
 from adarl.rewards import sandbox
+from adarl.rewards.callable import ScoringFailure
 
 MAX_PROGRAM_CHARS = 100_000  # longer completions are cut (the sandbox needs no more to say "wrong")
 
@@ -285,8 +286,8 @@ def score(completion: str, columns: dict[str, Any], timeout_s: float = 5.0, memo
     if not columns.get("test"):
         raise ValueError("a code reward needs the problem's 'test' column")
     passed, result = run(completion, columns, timeout_s, memory_mb)
-    if result.status == "sandbox_error":
-        raise RuntimeError(f"code sandbox failed: {result.reason}")
+    if result.status == "sandbox_error":  # the launcher died, not the program: censored, never a 0
+        raise ScoringFailure(f"code sandbox failed: {result.reason}")
     return 1.0 if passed else 0.0
 
 

@@ -1,5 +1,5 @@
 """ARPO's entropy-based branching after tool calls, and AEPO's entropy pre-monitoring and branch
-penalty (algorithms.md §3.4 and §4.3 a–b), for the agent loop (rollout/agent.py).
+penalty (algorithms.md §3.4 and §4.3 a–b), for the agent loop (rollout/agent/).
 
 ARPO (Dong et al. 2025, "Agentic Reinforced Policy Optimization"; released code
 `vllm_rollout_with_tools.py`, random-threshold form): a prompt's budget is G = n trajectories; it

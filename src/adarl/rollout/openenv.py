@@ -8,7 +8,7 @@
 An OpenEnv environment runs behind its own server (a FastAPI app from `openenv.core.env_server.
 create_app`, local or remote). Each trajectory opens its own session on it (OpenEnv's WebSocket
 client, `GenericEnvClient`), resets it, and sends every model turn as one action
-`{action_field: text}`. It is a gym-style environment of the agent loop (rollout/agent.py): the
+`{action_field: text}`. It is a gym-style environment of the agent loop (rollout/agent/): the
 observation becomes the next user turn (its `observation_field`, or every field other than reward,
 done and metadata, one `name: value` per line), the step rewards add up to `env_reward`, and `done`
 ends the trajectory ("env_done"). Columns listed in `reset_columns` are passed to reset (a `seed`,
@@ -17,7 +17,7 @@ an episode's id).
 A server that cannot be reached or fails a call censors the rollout: the environment failed, not
 the model. After a resume a partial trajectory is rebuilt by re-sending its recorded turns to a new
 session, so the server's environment must be deterministic given its reset arguments; a
-different answer censors the rollout (rollout/agent.py). The session is closed when its trajectory
+different answer censors the rollout (rollout/agent/). The session is closed when its trajectory
 ends.
 """
 
@@ -27,7 +27,7 @@ import contextlib
 import json
 from typing import Any
 
-from adarl.rollout.agent import EnvironmentFailure
+from adarl.rollout.agent.environments import EnvironmentFailure
 
 MISSING = 'OpenEnv environments need openenv-core: pip install "adarl[openenv]"'
 HIDDEN = ("reward", "done", "metadata")

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from adarl.rewards import sandbox
-from adarl.rollout.agent import EnvironmentFailure, ToolCall
+from adarl.rollout.agent.environments import EnvironmentFailure
+from adarl.rollout.agent.parsers import ToolCall
 
 MAX_CODE_CHARS = 20_000  # longer code is refused (a tool error) before anything runs
 MAX_STDOUT_CHARS = 4_000

@@ -74,7 +74,8 @@ class KeyedGenerator(Protocol):
 COUNTS = frozenset({"tokens_generated", "tokens_reused", "tokens_discarded", "rollouts_started",
                     "rollouts_cut_by_budget", "rollouts_censored", "agent/tool_calls", "agent/censored",
                     "agent/max_turns_reached", "agent/inserted_tokens", "agent/sampled_tokens",
-                    "agent/censored/error", "agent/censored/timeout", "agent/censored/non_finite_reward"})
+                    "agent/censored/error", "agent/censored/timeout", "agent/censored/non_finite_reward",
+                    "agent/censored/reset_mismatch"})
 Spares = Sequence[Request] | Callable[[int], list[Request]]  # spare requests, or a function giving k of them
 
 

@@ -25,7 +25,7 @@ import sqlite3
 import sys
 from typing import Any
 
-from adarl.rollout.agent import ToolCall
+from adarl.rollout.agent.parsers import ToolCall
 from adarl.rollout.python_tool import PythonInterpreter
 
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
@@ -131,7 +131,7 @@ class TextToSqlDatabase(SqlDatabase):
 
     def reset(self, db: str = "", sql: str = "", **row: Any) -> None:
         from adarl.rewards.sql import DatabaseUnavailable, open_database
-        from adarl.rollout.agent import EnvironmentFailure
+        from adarl.rollout.agent.environments import EnvironmentFailure
 
         self.gold = sql
         try:

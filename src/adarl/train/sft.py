@@ -36,7 +36,7 @@ Example = tuple[list[int], list[int], list[float]]  # prompt ids, completion ids
 def sft_pairs(problems: list[Problem], tokenizer: Any, agent: Any = None, target: str = "answer") -> list[Example]:
     """(prompt ids, target ids + eos, all trained) per problem; prompts built as `Trainer.prompt_ids`
     builds them. The target is the answer, or the text of the column named `target`. With an `agent`
-    (rollout/agent.py), each example is the environment's demonstration trajectory instead: its tool
+    (rollout/agent/), each example is the environment's demonstration trajectory instead: its tool
     calls and the answer are trained, the inserted tool turns are not."""
     if agent is not None and target != "answer":
         raise ValueError(f"sft: target {target!r} needs a single-turn recipe; an agent recipe imitates its "

@@ -181,7 +181,7 @@ class Trainer:
         result = self.generate(requests, metrics, first_stage)
         fresh = [Group(problems.setdefault(g.request.prompt_id, self.problems_by_id[g.request.prompt_id]),
                        g.request.prompt_ids, g.rollouts, group_id=g.group_id) for g in result.groups]
-        self.verify(fresh, metrics)
+        fresh = self.verify(fresh, metrics)
         self.store.update(fresh, self.step + 1)
         merge(groups, fresh)
 
@@ -202,9 +202,10 @@ class Trainer:
         metrics.merge("rollout/", result.metrics, summed=COUNTS)
         return result
 
-    def verify(self, fresh: list[Group], metrics: StepMetrics, mean_rewards: bool = True) -> None:
-        """Score and shape `fresh` groups, timed; their rewards join the step's `reward/` means unless
-        `mean_rewards` is False (hinted rollouts: only their error counts)."""
+    def verify(self, fresh: list[Group], metrics: StepMetrics, mean_rewards: bool = True) -> list[Group]:
+        """Score and shape `fresh` groups, timed: those left with a rollout (the reward censors what it
+        could not score). Their rewards join the step's `reward/` means unless `mean_rewards` is False
+        (hinted rollouts: only their error counts)."""
         crash_point("verify", self.step + 1)
         t0 = time.perf_counter()
         for key, value in self.rewards.score(fresh).items():
@@ -213,8 +214,10 @@ class Trainer:
                     metrics.mean(key, value, sum(g.size for g in fresh))
             elif key != "verify_s":  # error counts; the time is taken here, around scoring and shaping
                 metrics.add(key, value)
+        fresh = [g for g in fresh if g.rollouts]  # (every rollout of a group censored by its reward)
         apply_shapings(self.shapings, fresh, self.recipe.rollout.max_new_tokens, metrics)
         metrics.add("verify_s", time.perf_counter() - t0)
+        return fresh
 
     def _spares(self, k: int, needed: list[Request]) -> list[Request]:
         """Over-provisioning: `k` more prompts, each with the count the allocator would give it,

@@ -1,79 +1,37 @@
-"""Multi-turn tool use: a generator that runs each rollout as an agent trajectory.
-
-    AgentGenerator(generator, env_factory, problems, ...).generate(requests) -> rollouts
-
-wraps any generator (hf, vllm) and keeps its `generate` signature, so the scheduler, the budget
-and the learner see ordinary rollouts. Each row is one trajectory:
-
-    generate until the end of the turn or a tool call  →  parse  →  run the tools  →
-    append the tool turn  →  continue                  (until no call, a limit, or the budget)
-
-Token in, token out: the ids the policy sampled are kept as `model` spans and never
-re-tokenised; the tool turn is rendered by the chat template and appended as `template` and
-`tool` spans (not sampled: never trained, never counted as generated). `AgentGenerator.check`
-verifies at start-up that the template extends earlier turns verbatim, else it says so.
-
-Environments (TRL's duck type, no TRL import): a class with `reset(**row)`, and every other
-public method a tool, described to the model by its type hints and docstring (`tool_schemas`);
-an optional `get_reward()` becomes the rollout's `env_reward`. A class with `step(text) ->
-(observation, reward, done, info)` is gym-style instead: it answers every model turn (rendered as a
-user turn), its rewards add up in `env_reward`, and `done` ends the trajectory ("env_done"). One
-instance per rollout, reset with the problem's row (prompt, answer and its columns). Built-in
-environments are in tools.py (`calculator`).
-
-Failures are of two kinds. The model's own mistakes (a malformed call, an unknown tool, bad
-arguments, a tool raising an error) become a tool message the model reads, and are counted
-(`agent/errors/<kind>`). A call is malformed too when it nests deeper than MAX_ARGUMENT_DEPTH or
-escapes half a surrogate pair; the parsers scan the text once. The environment's failures censor the
-rollout: finish reason "censored", never scored (the trainer drops it from its group and counts it),
-counted by cause in `agent/censored/<why>`: "error" (construction, `reset`, `step` or `get_reward`
-raising anything, a tool raising `EnvironmentFailure` or an error that cannot be shown), "timeout"
-(construction and `reset` past `reset_timeout_s`, a tool call, `step` or `get_reward` past
-`tool_timeout_s`) and "non_finite_reward" (a NaN or infinite reward). Every call into the environment
-runs in a pool of daemon threads (rollout/daemon_pool.py) that fails it at its deadline, so a hang
-neither blocks `generate` nor keeps the process from exiting. Limits: `max_turns` model turns,
-`max_tool_calls`, tool output truncated to `max_tool_output_tokens` with a visible marker (cut to
-CHARS_PER_TOKEN characters a token before it is tokenised), and `max_context_tokens` tokens after
-the prompt (sampled and inserted).
-
-Rows run in waves. A row whose turn ended with tool calls leaves the decoding batch while its
-calls run in the pool (all calls of a turn at once, each bounded by `tool_timeout_s`), and
-rejoins at the next wave after its results are back; the other rows go on decoding meanwhile, so
-one slow tool stalls only its own row. The generator waits for tools only when no row can decode.
-Sampling is keyed per row and position (rollout/hf.py), so a trajectory's tokens do not depend on
-which wave it decoded in.
-
-Partial and async generation (rollout/scheduler.py) work across turns. `stop_when` sees one row per
-trajectory (finished when the trajectory is) and is checked during every decoding step and between
-waves; a stopped row comes back "partial" with its turns so far, tool turns included. A request
-whose `prefix_spans` hold such a partial trajectory continues it: with the environment this
-generator still holds for it, or, after a resume from a checkpoint (or in another process), with a
-fresh environment into which the recorded tool calls are replayed in order. Replay assumes
-deterministic tools: a replayed result that differs from the recorded one censors the rollout
-(`agent/replay_mismatches`). Branching (ARPO/AEPO) and CLEANER's purification need sync mode.
-
-With `purify` (CLEANER), a failed tool step directly followed by a successful one is dropped from
-the trained trajectory (`purify`). With `branching` (rollout/arpo.py: ARPO, AEPO) a request's n
-trajectories are grown as a tree: a few chains start from the prompt, a chain may branch after a
-tool turn (the branch shares its spans and gets a copy of its environment), and fresh chains fill
-the slots left.
-"""
+"""The agent loop: `AgentGenerator`, a generator whose rollouts are tool-using trajectories (the
+package docstring, rollout/agent/__init__.py, describes it whole)."""
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import inspect
 import json
 import math
-import re
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, CancelledError, Future, wait
 from dataclasses import dataclass, field, replace
-from typing import Any, get_type_hints
+from typing import Any
 
 import numpy as np
 
+from adarl.rollout.agent.cleaner import (
+    ROLLBACK_RETRIES,
+    ROLLBACK_SIMILARITY,
+    purify,
+    saar,
+    step_status,
+    steps_of,
+)
+from adarl.rollout.agent.environments import (
+    EnvironmentFailure,
+    close_env,
+    environment_style,
+    observation_text,
+    tools_of,
+    tools_prompt,
+    with_observation,
+    with_tools,
+)
+from adarl.rollout.agent.parsers import CALL_MARKERS, PARSERS, MalformedCall, ToolCall
 from adarl.rollout.arpo import ArpoBranching, segment_entropy
 from adarl.rollout.daemon_pool import CallTimeout, DaemonPool
 from adarl.types import FinishReason, Problem, Request, Rollout, Span, sampled_tokens, shared_span_owners
@@ -85,138 +43,9 @@ CHARS_PER_TOKEN = 8
 PREVIEW = 80  # characters of a malformed call shown back to the model
 
 
-class EnvironmentFailure(RuntimeError):
-    """Raised by an environment (or its tool) that failed itself, not because of the model: censors the rollout."""
+# why a rollout was censored (`agent/censored/<why>`): the environment failed, never the model
+CENSORED_BY = ("error", "timeout", "non_finite_reward", "reset_mismatch")
 
-
-@dataclass
-class ToolCall:
-    name: str
-    arguments: dict[str, Any]
-
-
-class MalformedCall(ValueError):
-    """The model wrote a tool call that cannot be parsed."""
-
-
-# ---------------------------------------------------------------- parsers
-
-MAX_ARGUMENT_DEPTH = 32  # nesting of a call's JSON (its object is level 1); deeper is a malformed call
-_SURROGATE = re.compile("[\ud800-\udfff]")  # JSON's \uXXXX escape can write half a surrogate pair
-
-
-def _blocks(text: str, start: str, end: str) -> tuple[list[str], bool]:
-    """The bodies between `start` and the next `end`, scanned once (a regex's lazy match rescans the
-    rest of the text at every unclosed start); and whether a last `start` was left unclosed."""
-    bodies, at = [], 0
-    while (i := text.find(start, at)) >= 0:
-        j = text.find(end, i + len(start))
-        if j < 0:
-            return bodies, True
-        bodies.append(text[i + len(start):j])
-        at = j + len(end)
-    return bodies, False
-
-
-def _check_json(value: Any) -> None:
-    """MalformedCall if `value` nests deeper than MAX_ARGUMENT_DEPTH or holds a lone surrogate (no
-    tool or tokenizer can take it). Iterative: a deep value cannot exhaust the stack here."""
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, (dict, list)):
-            if depth > MAX_ARGUMENT_DEPTH:
-                raise MalformedCall(f"nested deeper than {MAX_ARGUMENT_DEPTH} levels")
-            stack += [(v, depth + 1) for v in (item.values() if isinstance(item, dict) else item)]
-            if isinstance(item, dict):
-                stack += [(k, depth) for k in item]
-        elif isinstance(item, str) and not item.isascii() and _SURROGATE.search(item):
-            raise MalformedCall("a \\uXXXX escape writes half a surrogate pair, which is not a character")
-
-
-def parse_tool_call(text: str) -> list[ToolCall]:
-    """`<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks (Hermes/Qwen form)."""
-    calls = []
-    bodies, unclosed = _blocks(text, "<tool_call>", "</tool_call>")
-    for body in bodies:
-        try:
-            data = json.loads(body)
-        except ValueError as err:  # (a JSONDecodeError, or an integer of more digits than Python reads)
-            raise MalformedCall(f"not JSON ({getattr(err, 'msg', err)})") from None
-        except RecursionError:  # (the decoder recurses once per level)
-            raise MalformedCall(f"nested deeper than {MAX_ARGUMENT_DEPTH} levels") from None
-        _check_json(data)
-        if not isinstance(data, dict) or not isinstance(data.get("name"), str):
-            raise MalformedCall('expected {"name": "...", "arguments": {...}}')
-        args = data.get("arguments", {})
-        if not isinstance(args, dict):
-            raise MalformedCall("arguments must be a JSON object")
-        calls.append(ToolCall(data["name"], args))
-    if not calls and unclosed:
-        raise MalformedCall("<tool_call> without a closing </tool_call>")
-    return calls
-
-
-def parse_python_block(text: str) -> list[ToolCall]:
-    """A fenced python code block is a call of the `python` tool with that code. A block left open with
-    no complete one before it is a malformed call (the model meant to run code), as for `<tool_call>`."""
-    bodies, unclosed = _blocks(text, "```python\n", "```")
-    if not bodies and unclosed:
-        raise MalformedCall("```python block without a closing ```")
-    return [ToolCall("python", {"code": code}) for code in bodies]
-
-
-# name -> (parse, the stop string that ends a turn holding a call)
-PARSERS: dict[str, tuple[Callable[[str], list[ToolCall]], str]] = {
-    "tool_call": (parse_tool_call, "</tool_call>"),
-    "python": (parse_python_block, "```\n"),
-}
-
-
-# ---------------------------------------------------------------- tools
-
-def tools_of(env: Any) -> dict[str, Callable[..., Any]]:
-    """The environment's tools: its public methods other than `reset`, `get_reward`, `demonstration`, `close`."""
-    return {name: fn for name, fn in inspect.getmembers(env, callable)
-            if not name.startswith("_") and name not in NOT_TOOLS and inspect.ismethod(fn)}
-
-
-NOT_TOOLS = ("reset", "get_reward", "demonstration", "close")
-
-
-_JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array", dict: "object"}
-
-
-def tool_schemas(env: Any) -> list[dict[str, Any]]:
-    """A JSON schema per tool, from its type hints and the first line of its docstring."""
-    out = []
-    for name, fn in sorted(tools_of(env).items()):
-        hints = get_type_hints(fn)
-        params = [p for p in inspect.signature(fn).parameters.values() if p.kind is p.POSITIONAL_OR_KEYWORD]
-        out.append({"name": name, "description": (inspect.getdoc(fn) or "").split("\n")[0],
-                    "parameters": {"type": "object",
-                                   "properties": {p.name: {"type": _JSON_TYPES.get(hints.get(p.name), "string")}
-                                                  for p in params},
-                                   "required": [p.name for p in params if p.default is p.empty]}})
-    return out
-
-
-def with_tools(problem: Problem, text: str) -> list[dict[str, str]]:
-    """The problem's chat with `text` (`tools_prompt(env)`) added to its system message."""
-    msgs = list(problem.messages)
-    if msgs and msgs[0]["role"] == "system":
-        return [{"role": "system", "content": msgs[0]["content"] + "\n\n" + text}, *msgs[1:]]
-    return [{"role": "system", "content": text}, *msgs]
-
-
-def tools_prompt(env: Any) -> str:
-    """The system message that tells the model its tools and the call format."""
-    lines = [json.dumps(s) for s in tool_schemas(env)]
-    return ("You can call tools. To call one, write <tool_call>{\"name\": NAME, \"arguments\": {...}}</tool_call> "
-            "and wait for its result. Tools:\n" + "\n".join(lines))
-
-
-# ---------------------------------------------------------------- the loop
 
 @dataclass
 class _Trajectory:
@@ -236,6 +65,8 @@ class _Trajectory:
     start: int = 0  # spans of the trajectory before this call (a continued partial one): not returned
     turn_ids: list[int] = field(default_factory=list)  # the model's current turn so far
     censored_by: str | None = None  # why the environment failed (`_censor`)
+    rolled_back: int = 0  # CLEANER: failed steps replaced by their corrections
+    rollback_streak: int = 0  # ... corrections in a row that failed again (at most `purify_retries`)
 
     @property
     def ids(self) -> list[int]:
@@ -258,39 +89,6 @@ def turns_of(spans: Sequence[Span]) -> list[tuple[list[int], list[Span]]]:
     return turns
 
 
-def close_env(env: Any) -> None:
-    """Release what an environment holds (an OpenEnv session), if it has a `close`; never raises."""
-    close = getattr(env, "close", None)
-    if callable(close):
-        with contextlib.suppress(Exception):  # closing is best effort
-            close()
-
-
-def purify(spans: list[Span]) -> tuple[list[Span], int]:
-    """CLEANER's trajectory purification: a tool step that failed, directly followed by a step whose
-    tool call succeeded, is dropped, so the trajectory trains as if the corrected call came first.
-    A step is a model span and the template, tool and template spans of its tool turn; a failed one
-    has a tool span with status "error". Returns (the spans kept, steps dropped)."""
-    steps: list[list[Span]] = []
-    for span in spans:
-        if span.role == "model" or not steps:
-            steps.append([span])
-        else:
-            steps[-1].append(span)
-
-    def status(step: list[Span]) -> str | None:
-        return next((s.status for s in step if s.role == "tool"), None)
-
-    kept: list[list[Span]] = []
-    dropped = 0
-    for i, step in enumerate(steps):
-        if status(step) == "error" and i + 1 < len(steps) and status(steps[i + 1]) == "ok":
-            dropped += 1
-            continue
-        kept.append(step)
-    return [s for step in kept for s in step], dropped
-
-
 class AgentGenerator:
     """A generator whose rollouts are tool-using trajectories (see the module docstring)."""
 
@@ -303,7 +101,9 @@ class AgentGenerator:
                  parser: str = "tool_call", max_turns: int = 4, max_tool_calls: int = 8, tool_timeout_s: float = 10.0,
                  max_tool_output_tokens: int = 256, max_context_tokens: int = 1024, tool_workers: int = 4,
                  tools_prompt: bool = True, branching: ArpoBranching | None = None, purify: bool = False,
-                 retain_bytes: int = 512 << 20, reset_timeout_s: float = 60.0) -> None:
+                 retain_bytes: int = 512 << 20, reset_timeout_s: float = 60.0, style: str = "auto",
+                 purify_when: str = "online", purify_similarity: float = ROLLBACK_SIMILARITY,
+                 purify_retries: int = ROLLBACK_RETRIES) -> None:
         if parser not in PARSERS:
             raise ValueError(f"unknown tool-call parser {parser!r}; parsers: {', '.join(PARSERS)}")
         self._options = {k: v for k, v in locals().items() if k not in ("self", "generator", "env_factory", "problems")}
@@ -313,10 +113,15 @@ class AgentGenerator:
         self.reset_timeout_s = reset_timeout_s
         self.max_tool_output_tokens, self.max_context_tokens = max_tool_output_tokens, max_context_tokens
         self.tools_prompt, self.branching, self.purify = tools_prompt, branching, purify
+        self.purify_when, self.purify_retries = purify_when, purify_retries
+        decode = lambda ids: generator.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+        self._splice = lambda failed, retry: saar(failed, retry, decode, CALL_MARKERS[parser],  # noqa: E731
+                                                  purify_similarity)
         self.pool = DaemonPool(tool_workers, "adarl-tools")  # a hung tool neither holds a worker nor blocks exit
         self.resets = DaemonPool(self.RESET_WORKERS, "adarl-resets")
-        # a gym-style environment answers every model turn (`step`) instead of offering tools
-        self.gym = callable(getattr(env_factory, "step", None))
+        # a gym-style (or OpenEnv) environment answers every model turn (`step`) instead of offering tools
+        self.style = environment_style(env_factory, style)
+        self.gym = self.style in ("gym", "openenv")
         if not self.gym and stop not in generator.cfg.stop:
             generator.add_stop(stop)
         self.before_tool, self.after_tool = self.check(generator.tokenizer, "user" if self.gym else "tool")
@@ -324,6 +129,8 @@ class AgentGenerator:
             generator.retain(retain_bytes)
         self._metrics: dict[str, float] = {}
         self._tools_text: str | None = None  # `tools_prompt` of the environment (`messages`)
+        # prompt id -> what `reset` showed in its prompt (`messages`); a trajectory's reset must show the same
+        self._observations: dict[str, str] = {}
         # (key, ids so far) of each partial trajectory returned -> (environment, env reward, turns, calls)
         self._live: dict[tuple[int, int], tuple[Any, float | None, int, int]] = {}
 
@@ -335,7 +142,9 @@ class AgentGenerator:
 
     def replica(self) -> AgentGenerator:
         """The same agent over the wrapped generator's replica (async mode's generation thread)."""
-        return AgentGenerator(self.generator.replica(), self.env_factory, self.problems, **self._options)
+        agent = AgentGenerator(self.generator.replica(), self.env_factory, self.problems, **self._options)
+        agent._observations, agent._tools_text = self._observations, self._tools_text  # the prompts are shared
+        return agent
 
     @classmethod
     def from_config(cls, generator: Any, cfg: Any, problems: Mapping[str, Problem],
@@ -350,21 +159,49 @@ class AgentGenerator:
                    reset_timeout_s=cfg.reset_timeout_s,
                    max_tool_output_tokens=cfg.max_tool_output_tokens,
                    max_context_tokens=cfg.max_context_tokens or 4 * max_new_tokens, tool_workers=cfg.tool_workers,
-                   tools_prompt=cfg.tools_prompt, purify=cfg.purify,
+                   tools_prompt=cfg.tools_prompt, purify=cfg.purify, purify_when=cfg.purify_when,
+                   purify_similarity=cfg.purify_similarity, purify_retries=cfg.purify_retries,
+                   style="openenv" if cfg.openenv is not None and cfg.style == "auto" else cfg.style,
                    branching=None if cfg.branching is None else ArpoBranching(**cfg.branching.model_dump()))
 
     def messages(self, problem: Problem) -> list[dict[str, str]]:
-        """The problem's chat with the tools described in the system message (when `tools_prompt`); the
-        description is made once, from an environment built within `reset_timeout_s`."""
-        if not self.tools_prompt or self.gym:
-            return problem.messages
-        if self._tools_text is None:
-            future = self.resets.submit(lambda: tools_prompt(self.env_factory()), timeout_s=self.reset_timeout_s)
+        """The problem's chat as the model sees it: what the environment's `reset` returns for it appended to
+        the first user message (every style: the task an environment states only at reset), and, for a tools
+        environment with `tools_prompt`, the tools described in the system message. One environment is
+        built and reset for it within `reset_timeout_s` (then closed); every trajectory's reset must show
+        the same (else it is censored, "reset_mismatch"): a reset that draws at random should take its seed
+        from the problem's columns."""
+        if problem.id not in self._observations:
+            def probe() -> tuple[str, str | None]:
+                env = self.env_factory()
+                try:
+                    shown = self._shown(env.reset(**self._row(problem)))
+                    return shown, (tools_prompt(env) if self.tools_prompt and not self.gym else None)
+                finally:
+                    close_env(env)
+
+            future = self.resets.submit(probe, timeout_s=self.reset_timeout_s)
             if (error := future.exception()) is not None:
-                raise EnvironmentFailure(f"describing the environment's tools: building one failed ({error!r}); fix "
-                                         "its constructor, or raise rollout.agent.reset_timeout_s if it is slow")
-            self._tools_text = future.result()
-        return with_tools(problem, self._tools_text)
+                raise EnvironmentFailure(f"problem {problem.id!r}: building and resetting its environment for the "
+                                         f"prompt failed ({error!r}); fix the environment, or raise "
+                                         "rollout.agent.reset_timeout_s if it is slow")
+            self._observations[problem.id], described = future.result()
+            self._tools_text = self._tools_text or described
+        chat = with_observation(problem.messages, self._observations[problem.id])
+        if not self.tools_prompt or self.gym or self._tools_text is None:
+            return chat
+        return with_tools(replace(problem, prompt=chat), self._tools_text)
+
+    def _shown(self, observation: Any) -> str:
+        """The text of a reset observation, cut to `max_context_tokens` · CHARS_PER_TOKEN characters (marked)."""
+        text = observation_text(observation)
+        limit = self.max_context_tokens * CHARS_PER_TOKEN
+        return text if len(text) <= limit else text[:limit] + TRUNCATED
+
+    @staticmethod
+    def _row(problem: Problem) -> dict[str, Any]:
+        """What `reset` gets: the problem's columns, its prompt and its answer."""
+        return {**problem.columns, "prompt": problem.prompt, "answer": problem.answer}
 
     def demonstration(self, problem: Problem) -> Rollout | None:
         """A solved trajectory for SFT: the environment's `demonstration` calls (run for real, so the
@@ -374,8 +211,8 @@ class AgentGenerator:
         if t.finish is not None:
             raise EnvironmentFailure(f"problem {problem.id!r}: the environment's reset failed ({t.censored_by}); "
                                      "fix the environment, or raise rollout.agent.reset_timeout_s if it is slow")
-        row = {**problem.columns, "prompt": problem.prompt, "answer": problem.answer}
         demonstrate = getattr(t.env, "demonstration", lambda **_: None)
+        row = self._row(problem)
         try:  # user code: under the tools' deadline, as every environment call
             calls = self.pool.submit(lambda: demonstrate(**row), timeout_s=self.tool_timeout_s).result()
         except CallTimeout:
@@ -431,14 +268,17 @@ class AgentGenerator:
     def _start(self, started: list[tuple[_Trajectory, Problem]]) -> None:
         """Build and reset the environments of these trajectories, all at once (RESET_WORKERS at a time),
         each within `reset_timeout_s`; one whose construction or reset raises or hangs censors its trajectory."""
-        def reset(problem: Problem) -> Any:
+        def reset(problem: Problem) -> tuple[Any, str]:
             env = self.env_factory()
-            env.reset(**{**problem.columns, "prompt": problem.prompt, "answer": problem.answer})
-            return env
+            return env, self._shown(env.reset(**self._row(problem)))
 
         futures = [self.resets.submit(reset, problem, timeout_s=self.reset_timeout_s) for _, problem in started]
-        for (t, _), future in zip(started, futures, strict=True):
-            t.env = self._outcome(t, future)
+        for (t, problem), future in zip(started, futures, strict=True):
+            if (outcome := self._outcome(t, future)) is None:
+                continue
+            t.env, shown = outcome
+            if shown != self._observations.get(problem.id, shown):  # the prompt shows another reset's observation
+                self._censor(t, "reset_mismatch")
 
     def _outcome(self, t: _Trajectory, future: Future) -> Any:
         """What a call into the environment returned, once done (the pool's deadline bounds the wait).
@@ -502,7 +342,24 @@ class AgentGenerator:
                 t.errors[status] = t.errors.get(status, 0) + 1
                 failed = True
             texts.append(result)
+        if self.purify and self.purify_when == "online" and t.start == 0:
+            self._roll_back(t, failed)
         self._insert_turn(t, "\n".join(texts), ",".join(n for n, _ in results), failed)
+
+    def _roll_back(self, t: _Trajectory, failed: bool) -> None:
+        """CLEANER online, as its released code does it: the turn whose tool results just came back was
+        sampled after a failed step and its error; unless `purify_retries` corrections in a row have failed
+        already, the failed step is rolled back and this turn spliced in its place (`saar`), so the
+        trajectory goes on, and trains, as if the corrected call had come first."""
+        steps = steps_of(t.spans)
+        if len(steps) < 2 or step_status(steps[-2]) != "error" or t.rollback_streak >= self.purify_retries:
+            t.rollback_streak = 0
+            return
+        failed_turn = [s for s in steps[-2] if s.role == "model"]
+        spliced, _ = self._splice(failed_turn, steps[-1])
+        t.spans = [s for step in steps[:-2] for s in step] + spliced
+        t.rolled_back += 1
+        t.rollback_streak = t.rollback_streak + 1 if failed else 0
 
     def _insert_turn(self, t: _Trajectory, text: str, name: str, failed: bool) -> None:
         """Append a tool's (or a gym environment's) answer as template, tool and template spans.
@@ -613,12 +470,11 @@ class AgentGenerator:
             for i, r in enumerate(requests):
                 rows += [_Trajectory(i, 0, finish="partial") for _ in range(r.n - sum(t.request == i for t in rows))]
             rows.sort(key=lambda t: t.request)  # each request's rows consecutive (stable: chains, then branches)
-        purified = 0
         for t in rows:
             t.finish = t.finish or "partial"
-            if self.purify and t.start == 0 and t.finish != "censored":  # CLEANER: train the corrected step
-                t.spans, dropped = purify(t.spans)
-                purified += dropped
+            if self.purify and self.purify_when == "after" and t.start == 0 and t.finish != "censored":
+                t.spans, rolled = purify(t.spans, self._splice, self.purify_retries)  # CLEANER, after the fact
+                t.rolled_back += rolled
         self._env_rewards(rows)
         for t in rows:
             if t.finish == "partial" and t.env is not None:  # held for its continuation
@@ -631,7 +487,10 @@ class AgentGenerator:
             self.generator.drop_retained()
         self._measure(rows)
         if self.purify:
-            self._metrics["agent/purified_steps"] = float(purified)
+            self._metrics["agent/purified_steps"] = float(sum(t.rolled_back for t in rows))
+            for kind in ("call", "turn"):  # SAAR's granularity: a shallow (call) or a deep (turn) repair
+                self._metrics[f"agent/rollback/{kind}"] = float(sum(s.rollback == kind for t in rows
+                                                                    for s in t.spans[t.start:]))
         return [Rollout(requests[t.request].prompt_id, finish_reason=t.finish, spans=t.spans[t.start:],
                         text=t.last_text, policy_version=version, env_reward=t.env_reward) for t in rows]
 
@@ -764,9 +623,7 @@ class AgentGenerator:
         of it, the observation's `str` too, runs in the tool pool within `tool_timeout_s`."""
         def step() -> tuple[str, float, bool]:
             observation, reward, done, _info = env.step(text)
-            if isinstance(observation, list):  # messages
-                observation = "\n".join(str(m.get("content", "")) for m in observation)
-            return str(observation or ""), float(reward), bool(done)
+            return observation_text(observation), float(reward), bool(done)
 
         return self.pool.submit(step, timeout_s=self.tool_timeout_s)
 
@@ -813,7 +670,7 @@ class AgentGenerator:
             "agent/tool_calls": float(sum(t.calls for t in rows)),
             "agent/censored": float(sum(t.finish == "censored" for t in rows)),
             **{f"agent/censored/{why}": float(sum(t.censored_by == why for t in rows))
-               for why in ("error", "timeout", "non_finite_reward")},
+               for why in CENSORED_BY},
             "agent/max_turns_reached": float(sum(t.finish == "max_turns" for t in rows)),
             "agent/inserted_tokens": float(sum(len(s) for t in rows for s in t.spans[t.start:] if not s.sampled)),
             "agent/sampled_tokens": float(sum(len(s) for t in rows for s in t.spans[t.start:] if s.sampled)),
@@ -830,3 +687,4 @@ class AgentGenerator:
             m["branch/shared_token_fraction"] = 1.0 - sampled_tokens(rollouts) / per_leaf if per_leaf else 0.0
             m["branch/branched_leaves"] = float(len({i for v in shared_span_owners(rollouts).values() for i in v}))
         self._metrics = m
+

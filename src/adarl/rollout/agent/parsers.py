@@ -1,0 +1,100 @@
+"""Tool-call parsers of the agent loop: the model's turn text -> the calls it wrote.
+
+    parse_tool_call(text)     `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks (Hermes/Qwen)
+    parse_python_block(text)  fenced python blocks, calls of the `python` tool
+
+A call that cannot be parsed is a `MalformedCall` (the loop shows it to the model): not JSON, nested
+deeper than MAX_ARGUMENT_DEPTH, or escaping half a surrogate pair. Each scans the text once.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class ToolCall:
+    name: str
+    arguments: dict[str, Any]
+
+
+class MalformedCall(ValueError):
+    """The model wrote a tool call that cannot be parsed."""
+
+
+MAX_ARGUMENT_DEPTH = 32  # nesting of a call's JSON (its object is level 1); deeper is a malformed call
+_SURROGATE = re.compile("[\ud800-\udfff]")  # JSON's \uXXXX escape can write half a surrogate pair
+
+
+def _blocks(text: str, start: str, end: str) -> tuple[list[str], bool]:
+    """The bodies between `start` and the next `end`, scanned once (a regex's lazy match rescans the
+    rest of the text at every unclosed start); and whether a last `start` was left unclosed."""
+    bodies, at = [], 0
+    while (i := text.find(start, at)) >= 0:
+        j = text.find(end, i + len(start))
+        if j < 0:
+            return bodies, True
+        bodies.append(text[i + len(start):j])
+        at = j + len(end)
+    return bodies, False
+
+
+def _check_json(value: Any) -> None:
+    """MalformedCall if `value` nests deeper than MAX_ARGUMENT_DEPTH or holds a lone surrogate (no
+    tool or tokenizer can take it). Iterative: a deep value cannot exhaust the stack here."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            if depth > MAX_ARGUMENT_DEPTH:
+                raise MalformedCall(f"nested deeper than {MAX_ARGUMENT_DEPTH} levels")
+            stack += [(v, depth + 1) for v in (item.values() if isinstance(item, dict) else item)]
+            if isinstance(item, dict):
+                stack += [(k, depth) for k in item]
+        elif isinstance(item, str) and not item.isascii() and _SURROGATE.search(item):
+            raise MalformedCall("a \\uXXXX escape writes half a surrogate pair, which is not a character")
+
+
+def parse_tool_call(text: str) -> list[ToolCall]:
+    """`<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks (Hermes/Qwen form)."""
+    calls = []
+    bodies, unclosed = _blocks(text, "<tool_call>", "</tool_call>")
+    for body in bodies:
+        try:
+            data = json.loads(body)
+        except ValueError as err:  # (a JSONDecodeError, or an integer of more digits than Python reads)
+            raise MalformedCall(f"not JSON ({getattr(err, 'msg', err)})") from None
+        except RecursionError:  # (the decoder recurses once per level)
+            raise MalformedCall(f"nested deeper than {MAX_ARGUMENT_DEPTH} levels") from None
+        _check_json(data)
+        if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+            raise MalformedCall('expected {"name": "...", "arguments": {...}}')
+        args = data.get("arguments", {})
+        if not isinstance(args, dict):
+            raise MalformedCall("arguments must be a JSON object")
+        calls.append(ToolCall(data["name"], args))
+    if not calls and unclosed:
+        raise MalformedCall("<tool_call> without a closing </tool_call>")
+    return calls
+
+
+def parse_python_block(text: str) -> list[ToolCall]:
+    """A fenced python code block is a call of the `python` tool with that code. A block left open with
+    no complete one before it is a malformed call (the model meant to run code), as for `<tool_call>`."""
+    bodies, unclosed = _blocks(text, "```python\n", "```")
+    if not bodies and unclosed:
+        raise MalformedCall("```python block without a closing ```")
+    return [ToolCall("python", {"code": code}) for code in bodies]
+
+
+# name -> (parse, the stop string that ends a turn holding a call)
+PARSERS: dict[str, tuple[Callable[[str], list[ToolCall]], str]] = {
+    "tool_call": (parse_tool_call, "</tool_call>"),
+    "python": (parse_python_block, "```\n"),
+}
+CALL_MARKERS = {"tool_call": "<tool_call>", "python": "```python\n"}  # where a parser's call begins
+
