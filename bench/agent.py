@@ -29,7 +29,7 @@ from adarl.config import load_recipe
 from adarl.evaluate import EvalTask, evaluate_task
 from adarl.models import chat_ids, load_model
 from adarl.rollout import build_generator
-from adarl.tasks.base import build_task
+from adarl.tasks import build_task
 from adarl.train.sft import run_sft
 from adarl.train.trainer import Trainer
 from adarl.types import Request

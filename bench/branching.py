@@ -42,7 +42,7 @@ from adarl.rewards import Rewards
 from adarl.rewards.short_answer import extract
 from adarl.rollout import build_branching
 from adarl.rollout.hf import HfGenerator
-from adarl.tasks.base import build_task
+from adarl.tasks import build_task
 from adarl.train.learner import token_advantages
 from adarl.types import Batch, Group, Request, sampled_tokens, trainable_masks
 from equal_budget import CHAIN_SUM3_WORKED, CHAIN_SUM4_WORKED, cold_start

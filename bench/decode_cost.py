@@ -148,7 +148,7 @@ def main() -> None:
         return
     from adarl.config import ModelConfig, load_recipe
     from adarl.models import chat_ids, load_model
-    from adarl.tasks.base import build_task
+    from adarl.tasks import build_task
 
     recipe = load_recipe("recipes/quickstart.yaml", ["task.system_prompt=null", "rollout.max_new_tokens=128"])
     task = build_task(recipe.task)

@@ -453,13 +453,13 @@ def test_non_finite_rewards_are_censored_in_every_scheduler_mode(mode):
     the reward table holds only finite numbers."""
     from adarl.config import RewardConfig, SchedulerConfig
     from adarl.rewards import Rewards
-    from adarl.rollout.scheduler import RolloutScheduler
+    from adarl.rollout import build_scheduler
     from adarl.types import Group, Problem, Request
     from test_agent_partial import setup
 
     ag, gen, prompt = setup(nan_for_three())
     extra = {"partial": {"over_provision": 1.0}, "async": {"eta": 0, "over_provision": 1.0}}.get(mode, {})
-    sched = RolloutScheduler(ag, SchedulerConfig(mode=mode, **extra))
+    sched = build_scheduler(ag, SchedulerConfig(mode=mode, **extra))
     groups, censored = [], 0.0
     try:
         for _ in range(200):

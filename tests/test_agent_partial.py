@@ -14,6 +14,7 @@ import time
 import pytest
 
 from adarl.config import SchedulerConfig
+from adarl.rollout import build_scheduler
 from adarl.rollout.agent import AgentGenerator, turns_of
 from adarl.rollout.hf import Progress
 from adarl.rollout.scheduler import RolloutScheduler
@@ -199,7 +200,7 @@ def test_a_trajectory_cut_anywhere_and_continued_is_the_straight_one(budget):
 def test_partial_mode_returns_the_straight_trajectories(budget):
     """Partial mode as the trainer runs it: each step asks for one more group and stops once one is complete."""
     agent, gen, prompt = setup()
-    sched = RolloutScheduler(agent, SchedulerConfig(mode="partial", over_provision=1.0))
+    sched = build_scheduler(agent, SchedulerConfig(mode="partial", over_provision=1.0))
     check_groups(steps_until(sched, Request("p", prompt, 4), budget))
     assert len(gen.calls) > 4
 
@@ -276,7 +277,7 @@ def test_a_tool_that_does_not_replay_the_same_censors_its_trajectory():
     assert agent2.metrics()["agent/replay_mismatches"] == 3 and agent2.metrics()["agent/censored"] == 3
     assert [r.finish_reason for r in group.rollouts] == ["censored", "censored", "stop", "censored"]
     # the scheduler leaves censored rollouts out of their group: never scored 0
-    sched = RolloutScheduler(agent2, SchedulerConfig(mode="partial"))
+    sched = build_scheduler(agent2, SchedulerConfig(mode="partial"))
     result = sched._result([group])
     assert [r.text for g in result.groups for r in g.rollouts] == ["No tools needed."]
     assert result.metrics["rollouts_censored"] == 3
@@ -319,7 +320,7 @@ def test_stop_when_sees_one_row_per_trajectory():
 def test_async_mode_carries_trajectories_across_turns():
     """η = 0 with no spares samples what sync mode samples, here through the agent's replica."""
     agent, gen, prompt = setup()
-    sched = RolloutScheduler(agent, SchedulerConfig(mode="async", eta=0, over_provision=1.0))
+    sched = build_scheduler(agent, SchedulerConfig(mode="async", eta=0, over_provision=1.0))
     try:
         groups = []
         for _ in range(2):

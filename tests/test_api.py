@@ -174,7 +174,7 @@ def test_a_loss_named_by_import_path_trains(data, tmp_path, monkeypatch):
 
 
 def test_a_task_named_by_import_path(data, tmp_path):
-    from adarl.tasks.base import build_task
+    from adarl.tasks import build_task
 
     task = {"source": "plugin_tasks:say_a", "params": {"n": 30}, "eval_size": 6, "size": 100}
     recipe = api.load_recipe({**data, "task": task})

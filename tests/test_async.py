@@ -17,6 +17,7 @@ import torch
 from adarl.config import ModelConfig, RolloutConfig, load_recipe
 from adarl.metrics.step import TIMING_KEYS
 from adarl.models import chat_ids, load_model
+from adarl.rollout import build_scheduler
 from adarl.rollout.hf import HfGenerator
 from adarl.rollout.scheduler import RolloutScheduler, SchedulerConfig
 from adarl.train import checkpoint, loop
@@ -74,7 +75,7 @@ def no_thread_left() -> bool:
 def test_staleness_never_exceeds_eta(model_and_tokenizer, prompts, eta):
     model, tok = model_and_tokenizer
     gen = HfGenerator(model, tok, CFG, seed=SEED)
-    scheduler = RolloutScheduler(gen, SchedulerConfig(mode="async", eta=eta, over_provision=3.0))
+    scheduler = build_scheduler(gen, SchedulerConfig(mode="async", eta=eta, over_provision=3.0))
     seen_max = 0
     enqueued = returned = 0
     try:
@@ -117,7 +118,7 @@ def test_eta0_tokens_are_the_training_models(model_and_tokenizer, prompts):
     """η = 0: each step's groups are sampled by the copy after the update, as sync would sample them."""
     model, tok = model_and_tokenizer
     gen = HfGenerator(model, tok, CFG, seed=SEED)
-    scheduler = RolloutScheduler(gen, SchedulerConfig(mode="async", eta=0))
+    scheduler = build_scheduler(gen, SchedulerConfig(mode="async", eta=0))
     sync = HfGenerator(model, tok, CFG, seed=SEED)
     try:
         for step in range(3):
@@ -138,7 +139,7 @@ def test_eta0_tokens_are_the_training_models(model_and_tokenizer, prompts):
 def test_too_stale_groups_are_restarted_not_dropped(model_and_tokenizer, prompts):
     model, tok = model_and_tokenizer
     gen = HfGenerator(model, tok, CFG, seed=SEED)
-    scheduler = RolloutScheduler(gen, SchedulerConfig(mode="async", eta=1, over_provision=2.0))
+    scheduler = build_scheduler(gen, SchedulerConfig(mode="async", eta=1, over_provision=2.0))
     try:
         scheduler.run(*requests(prompts, 0))
         idle(scheduler)  # two groups admitted and finished at version 0, waiting
@@ -159,7 +160,7 @@ def test_state_dict_pauses_and_resume_loses_nothing(model_and_tokenizer, prompts
     model, tok = model_and_tokenizer
     gen = HfGenerator(model, tok, CFG, seed=SEED)
     cfg = SchedulerConfig(mode="async", eta=2, over_provision=3.0)
-    scheduler = RolloutScheduler(gen, cfg)
+    scheduler = build_scheduler(gen, cfg)
     for step in range(2):
         scheduler.run(*requests(prompts, step, n=6))
         train(model, step)
@@ -173,7 +174,7 @@ def test_state_dict_pauses_and_resume_loses_nothing(model_and_tokenizer, prompts
 
     restored_gen = HfGenerator(model, tok, CFG, seed=123)
     restored_gen.load_state_dict(gen_state)
-    restored = RolloutScheduler(restored_gen, cfg)
+    restored = build_scheduler(restored_gen, cfg)
     restored.load_state_dict(state)
     got: list[Rollout] = []
     try:
@@ -197,7 +198,7 @@ def test_state_dict_pauses_and_resume_loses_nothing(model_and_tokenizer, prompts
 
 def test_thread_errors_surface_and_the_thread_stops(model_and_tokenizer, prompts):
     model, tok = model_and_tokenizer
-    scheduler = RolloutScheduler(HfGenerator(model, tok, CFG, seed=SEED), SchedulerConfig(mode="async"))
+    scheduler = build_scheduler(HfGenerator(model, tok, CFG, seed=SEED), SchedulerConfig(mode="async"))
     scheduler._start()
     assert scheduler._worker is not None
 

@@ -19,8 +19,8 @@ from adarl import registry
 from adarl.allocate.base import plan_spares
 from adarl.budget import Budget
 from adarl.config import SchedulerConfig
+from adarl.rollout import build_scheduler
 from adarl.rollout.hf import Progress, row_keys
-from adarl.rollout.scheduler import RolloutScheduler
 from adarl.select.store import DifficultyStore
 from adarl.types import Group, Problem, Request, Rollout, merge
 
@@ -96,7 +96,7 @@ def run_steps(spec, mode, k, rollout_limit, token_limit, seed, steps=3, run_limi
     store = DifficultyStore(ids)
     allocator = registry.build("allocate", spec)
     generator = FakeGenerator()
-    scheduler = RolloutScheduler(generator, SchedulerConfig(**mode))
+    scheduler = build_scheduler(generator, SchedulerConfig(**mode))
     budget = Budget(run_limit, rollouts_per_step=rollout_limit, tokens_per_step=token_limit, expected_length=6)
     spent = []
     try:
@@ -201,7 +201,7 @@ def test_spares_get_the_allocators_count_within_the_budget():
 
 def test_token_cap_stops_generation_before_passing_it():
     gen = FakeGenerator()
-    scheduler = RolloutScheduler(gen, SchedulerConfig(mode="sync"))
+    scheduler = build_scheduler(gen, SchedulerConfig(mode="sync"))
     out = scheduler.complete([Request("p", [0], 8)], max_tokens=20).rollouts
     m = scheduler.metrics()
     assert m["tokens_generated"] <= 20

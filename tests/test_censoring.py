@@ -16,8 +16,8 @@ from adarl.rewards import Rewards, ScoringFailure
 from adarl.rewards import callable as user_fn
 from adarl.rewards import code as code_reward
 from adarl.rewards.sandbox import SandboxResult
+from adarl.rollout import build_scheduler
 from adarl.rollout.agent import EnvironmentFailure
-from adarl.rollout.scheduler import RolloutScheduler
 from adarl.types import Group, Problem, Request, Rollout
 from test_agent_partial import Tally, setup
 
@@ -37,7 +37,7 @@ def test_an_environment_failure_is_censored_in_every_scheduler_mode(mode):
     agent, gen, prompt = setup(DiesOnFive)
     cfg = {"sync": SchedulerConfig(), "partial": SchedulerConfig(mode="partial", over_provision=1.0),
            "async": SchedulerConfig(mode="async", eta=0, over_provision=1.0)}[mode]
-    sched = RolloutScheduler(agent, cfg)
+    sched = build_scheduler(agent, cfg)
     try:
         result = sched.run([Request("p", prompt, 4)])
     finally:

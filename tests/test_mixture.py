@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from adarl.config import TaskConfig, load_recipe
-from adarl.tasks.base import build_task
+from adarl.tasks import build_task
 from adarl.tasks.mixture import pass1_by_share
 from adarl.types import Problem
 

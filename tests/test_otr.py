@@ -143,7 +143,7 @@ def test_sft_command_line(tiny_model_dir, tmp_path):
 def test_sft_imitates_a_text_column_such_as_a_worked_solution(tiny_model_dir, tmp_path):
     from transformers import AutoTokenizer
 
-    from adarl.tasks.base import build_task
+    from adarl.tasks import build_task
     from adarl.train.sft import sft_pairs
 
     path = tmp_path / "sums.jsonl"

@@ -19,7 +19,7 @@ from adarl.rewards import sql as sql_reward
 from adarl.rewards.sql import DATABASES, DatabaseUnavailable, extract_query, same_result, score
 from adarl.rollout.agent import EnvironmentFailure
 from adarl.rollout.tools import TextToSqlDatabase, environment_class
-from adarl.tasks.base import build_task
+from adarl.tasks import build_task
 from adarl.tasks.text_to_sql import questions
 from adarl.tasks.text_to_sql_corpus import PER_TEMPLATE, write
 

@@ -11,7 +11,7 @@ import pytest
 from adarl.config import TaskConfig
 from adarl.rollout.agent import AgentGenerator
 from adarl.rollout.tools import Search, SqlDatabase
-from adarl.tasks.base import build_task
+from adarl.tasks import build_task
 from adarl.tasks.tool_tasks import corpus, retrieval, sql
 from conftest import make_tiny_tokenizer
 

@@ -35,7 +35,7 @@ def load_recipe(source: str | Path | dict[str, Any] | Recipe,
 def check_run(recipe: Recipe, run_dir: Path, resume: bool) -> None:
     """What must hold before a run starts or resumes in `run_dir` (RecipeError / ValueError otherwise)."""
     from adarl.rewards import validate_callable
-    from adarl.rollout import missing_packages
+    from adarl.train.build import missing_packages
     from adarl.train.checkpoint import list_checkpoints
 
     if run_dir.exists() and not run_dir.is_dir():

@@ -446,7 +446,7 @@ class RolloutConfig(Section):
     budget_sentences: BudgetSentencesConfig | None = None  # HBPO: each budget subgroup told its budget
 
     def needs(self) -> dict[str, str]:
-        """The generator capabilities this section asks for (rollout/capabilities.py), by recipe key."""
+        """The generator capabilities this section asks for (capabilities.py), by recipe key."""
         out = {}
         if self.adaptive_temperature is not None:
             out["rollout.adaptive_temperature"] = "adaptive_temperature"
@@ -461,7 +461,7 @@ class RolloutConfig(Section):
 
     def unsupported(self, backend: str | None = None) -> list[str]:
         """What this section asks for that `backend` (default: its own) cannot do."""
-        from adarl.rollout.capabilities import unsupported
+        from adarl.capabilities import unsupported
 
         return unsupported(backend or self.backend, self.needs())
 
@@ -833,7 +833,7 @@ def _check_components(recipe: Recipe) -> list[str]:
 
 def _check_entropy_source(recipe: Recipe, backend: str | None = None) -> list[str]:
     """Components that read per-token entropies need a generator that records them (capability `entropies`)."""
-    from adarl.rollout.capabilities import CAPABILITIES
+    from adarl.capabilities import CAPABILITIES
 
     backend = backend or recipe.rollout.backend
     if backend == "auto" or "entropies" in CAPABILITIES.get(backend, frozenset()):

@@ -34,7 +34,7 @@ import numpy as np
 
 from adarl.config import Recipe, RewardConfig, RolloutConfig, TaskConfig, load_recipe, pick_backend
 from adarl.metrics.passk import ProblemResult, pass_at_k_array, score_problems  # noqa: F401 (score_problems: for users)
-from adarl.rollout import build_generator, missing_packages
+from adarl.rollout import build_generator
 
 DEFAULT_K = (1, 4, 16)
 
@@ -249,7 +249,7 @@ def evaluate_task(generator, tokenizer, task: EvalTask, *, ks: list[int], n: int
     """
     from adarl.models import chat_ids
     from adarl.rewards import Rewards
-    from adarl.tasks.base import build_task
+    from adarl.tasks import build_task
 
     problems = build_task(task.task, task.seed).eval
     if size is not None:
@@ -305,6 +305,8 @@ def run_eval(target: Target, tasks: list[EvalTask], *, ks: list[int], n: int | N
                                 ("backend", backend)) if v is not None}
     rollout = rollout.model_copy(update=update)
     rollout = rollout.model_copy(update={"backend": pick_backend(rollout)})
+    from adarl.train.build import missing_packages
+
     if missing := missing_packages(rollout):
         raise ImportError("; ".join(missing))
     if problems := rollout.unsupported():

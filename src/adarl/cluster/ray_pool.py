@@ -43,9 +43,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from adarl.capabilities import CAPABILITIES
 from adarl.cluster import connect, disconnect, least_loaded
 from adarl.config import ClusterConfig, RolloutConfig
-from adarl.rollout.capabilities import CAPABILITIES
 from adarl.rollout.hf import Progress, SampleStream, StopWhen, row_keys
 from adarl.types import Request, Rollout
 

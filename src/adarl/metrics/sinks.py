@@ -236,7 +236,7 @@ class RunLogs:
 
     def start(self, resumed_step: int | None) -> None:
         """Resuming at `resumed_step`: drop the lines of later steps (atomically); else start empty."""
-        from adarl.train.checkpoint import atomic_write_text
+        from adarl.files import atomic_write_text
 
         for name in (self.PROMPTS, self.ROLLOUTS):
             path = self.run_dir / name

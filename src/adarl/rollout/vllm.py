@@ -43,9 +43,9 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from adarl.capabilities import CAPABILITIES
 from adarl.config import RolloutConfig
 from adarl.rollout import VLLM_MISSING
-from adarl.rollout.capabilities import CAPABILITIES
 from adarl.rollout.hf import Progress, SampleStream, StopWhen, row_keys, splitmix64
 from adarl.types import Request, Rollout
 
@@ -138,7 +138,7 @@ def _row_seed(key: int, position: int) -> int:
 
 
 class VllmGenerator:
-    capabilities = CAPABILITIES["vllm"]  # rollout/capabilities.py: what recipes may ask of this backend
+    capabilities = CAPABILITIES["vllm"]  # capabilities.py: what recipes may ask of this backend
 
     def __init__(
         self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, cfg: RolloutConfig, seed: int = 0,

@@ -129,11 +129,7 @@ def distinct_problems(name: str, params: dict[str, Any], wanted: int, seed: int,
 
 def load_reasoning_gym(cfg: TaskConfig, data_seed: int) -> TaskSource:
     """One pool of distinct generator items for `cfg.name`, split into training and held-out eval
-    (or, with `cfg.mixture`, one per share: tasks/mixture.py)."""
-    if cfg.mixture is not None:
-        from adarl.tasks.mixture import load_mixture
-
-        return load_mixture(cfg, data_seed)
+    (a mixture of generators is tasks/mixture.py's)."""
     name = cfg.name
     if not name:
         raise ValueError("task.name is required for source 'reasoning_gym' (e.g. basic_arithmetic)")

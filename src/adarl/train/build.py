@@ -1,6 +1,8 @@
 """The parts of a run the recipe chooses an engine or a method for, built here so that the trainer
 (train/trainer.py) composes them without naming any:
 
+- the generator: in this process (hf or vLLM), or a pool of Ray rollout workers (`cluster.backend`),
+  with the packages each needs checked before any model loads (`missing_packages`);
 - the rewards: scored in this process's worker pool, or on Ray verifier actors (`cluster.verifiers`);
 - the peers: other trainers of a SAPO swarm that share verified groups (`cluster.sapo`), or none;
 - the learner: one process, or sharded over torchrun's ranks with FSDP2 (`train.parallel: fsdp2`),
@@ -12,16 +14,43 @@
 from __future__ import annotations
 
 import copy
+import importlib.util
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-from adarl.config import AdaptiveTemperature, Recipe
+from adarl.config import AdaptiveTemperature, ClusterConfig, Recipe, RolloutConfig
 from adarl.models import load_reference
+from adarl.rollout import build_generator
 from adarl.tokens.entropy import EntropyObserver
 from adarl.train.learner import Learner
 from adarl.train.teacher import Teacher
+
+
+def missing_packages(rollout: RolloutConfig, cluster: ClusterConfig | None = None) -> list[str]:
+    """What the recipe needs that is not installed, each with its install command: vLLM (backend vllm),
+    Ray (cluster.backend ray), openenv-core (an OpenEnv agent environment). Checked before any model loads."""
+    from adarl.cluster import RAY_MISSING
+    from adarl.rollout import VLLM_MISSING
+    from adarl.rollout.openenv import MISSING as OPENENV_MISSING
+
+    needs = [(rollout.backend == "vllm", "vllm", VLLM_MISSING),
+             (cluster is not None and cluster.backend == "ray", "ray", RAY_MISSING),
+             (rollout.agent is not None and rollout.agent.openenv is not None, "openenv", OPENENV_MISSING)]
+    return [message for needed, package, message in needs if needed and importlib.util.find_spec(package) is None]
+
+
+def build_rollout(recipe: Recipe, model: torch.nn.Module, tokenizer: Any, problems: Sequence[Any]) -> Any:
+    """The recipe's generator (rollout/__init__.py: build_generator) in this process, or on a pool of
+    Ray rollout workers (`cluster.backend: ray`) fed the trained weights after each update."""
+    engine = None
+    if recipe.cluster.backend == "ray":
+        from adarl.cluster.ray_pool import RayRolloutPool
+
+        engine = RayRolloutPool(model, tokenizer, recipe.rollout, recipe.cluster, seed=recipe.seed)
+    return build_generator(model, tokenizer, recipe.rollout, seed=recipe.seed, problems=problems, engine=engine)
 
 
 def build_rewards(recipe: Recipe) -> Any:

@@ -33,6 +33,8 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from adarl.files import atomic_write_text, fsync_dir  # noqa: F401 (atomic_write_text: for callers)
+
 _STEP = re.compile(r"^step_(\d+)$")
 FILES = ("weights.safetensors", "optimizer.pt", "state.pt")
 SHARDED = "sharded"  # the folder a sharded learner writes instead of the weights and optimizer files
@@ -75,14 +77,6 @@ def crash_point(phase: str, step: int) -> None:
 # ---------------------------------------------------------------- atomic files and folders
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _fsync_tree(path: Path) -> None:
     for f in path.iterdir():
         if f.is_dir():
@@ -90,19 +84,7 @@ def _fsync_tree(path: Path) -> None:
             continue
         with open(f, "rb") as fh:
             os.fsync(fh.fileno())
-    _fsync_dir(path)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write `text` to `path` so a crash leaves either the old file or the new one, whole."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    fsync_dir(path)
 
 
 def _remove(path: Path, phase: str = "", step: int = 0) -> None:
@@ -158,7 +140,7 @@ def save_dir(final: Path, write: Callable[[Path], None], phase: str = "", step: 
     if final.exists():
         _remove(final, f"{phase}:replace" if phase else "", step)
     os.replace(tmp, final)
-    _fsync_dir(final.parent)
+    fsync_dir(final.parent)
     return final
 
 
@@ -193,7 +175,7 @@ def save(root: Path, step: int, model: torch.nn.Module, optimizer_state: dict | 
     if final.exists():
         _remove(final)
     os.replace(tmp, final)
-    _fsync_dir(root)
+    fsync_dir(root)
     crash_point("checkpoint:renamed", step)
     prune(root, keep, step)
     return final

@@ -24,7 +24,7 @@ from adarl.config import Recipe
 from adarl.loss.otr import nll_token_loss, otr_token_loss
 from adarl.metrics.sinks import MetricsWriter
 from adarl.models import chat_ids, load_model
-from adarl.tasks.base import build_task
+from adarl.tasks import build_task
 from adarl.train import checkpoint
 from adarl.train.learner import build_optimizer
 from adarl.train.logprobs import micro_batches, pack

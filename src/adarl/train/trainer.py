@@ -29,13 +29,13 @@ from adarl.metrics.sinks import RunLogs
 from adarl.metrics.step import RunTotals, StepMetrics, batch_metrics
 from adarl.metrics.trackers import check_trackers
 from adarl.models import chat_ids, load_model, peak_memory_gib
-from adarl.rollout import build_generator
-from adarl.rollout.scheduler import COUNTS, RolloutScheduler
+from adarl.rollout import build_scheduler
+from adarl.rollout.scheduler import COUNTS
 from adarl.select.store import DifficultyStore
 from adarl.shaping.base import apply_shapings
-from adarl.tasks.base import build_task
+from adarl.tasks import build_task
 from adarl.tokens.base import effective_tokens, weigh_tokens
-from adarl.train.build import build_learner, build_peers, build_rewards
+from adarl.train.build import build_learner, build_peers, build_rewards, build_rollout
 from adarl.train.checkpoint import crash_point
 from adarl.train.loop import MAX_BAD_UPDATES, NonFiniteUpdates, ResumeError, run  # noqa: F401 (for users)
 from adarl.types import Batch, Group, Problem, Request, merge
@@ -65,11 +65,10 @@ class Trainer:
         self.token_weightings = [registry.build("tokens", spec) for spec in recipe.tokens]
         loss = registry.build("loss", recipe.loss)
         recipe.rollout.backend = resolve_backend(recipe)  # auto -> the one used, as config.yaml records
-        self.generator = build_generator(self.model, self.tokenizer, recipe.rollout, seed=recipe.seed,
-                                         problems=self.task.train + self.task.eval,  # an agent's environments
-                                         cluster=recipe.cluster)
+        self.generator = build_rollout(recipe, self.model, self.tokenizer,
+                                       problems=self.task.train + self.task.eval)  # an agent's environments
         self.agent = self.generator if recipe.rollout.agent else None
-        self.rollouts = RolloutScheduler(self.generator, recipe.rollout.scheduler)
+        self.rollouts = build_scheduler(self.generator, recipe.rollout.scheduler)
         self.peers = build_peers(recipe, self.tokenizer)  # other trainers' verified groups, or None
         self.budget = Budget(recipe.budget.max_tokens, recipe.budget.tokens_per_step,
                              recipe.budget.rollouts_per_step, expected_length=recipe.rollout.max_new_tokens)

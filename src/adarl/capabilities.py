@@ -1,4 +1,5 @@
-"""What each generation backend can do, declared once; recipes are checked against it when they load.
+"""What each generation backend can do, declared once: the recipe schema (config.py) checks recipes against it
+when they load, and each generator class (rollout/hf.py, rollout/vllm.py, cluster/ray_pool.py) carries its set.
 
     entropies             records each sampled token's entropy (HAPO, D^3S, high-entropy tokens, branching)
     adaptive_temperature  samples each token at its own temperature (HAPO's sampler)
