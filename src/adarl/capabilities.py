@@ -1,4 +1,4 @@
-"""What each generation backend can do, declared once: the recipe schema (config.py) checks recipes against it
+"""What each generation backend can do, declared once: the recipe schema (config/) checks recipes against it
 when they load, and each generator class (rollout/hf.py, rollout/vllm.py, cluster/ray_pool.py) carries its set.
 
     entropies             records each sampled token's entropy (HAPO, D^3S, high-entropy tokens, branching)
