@@ -154,7 +154,7 @@ def _check_entropy_source(recipe: Recipe, backend: str | None = None) -> list[st
     from adarl.capabilities import CAPABILITIES
 
     backend = backend or recipe.rollout.backend
-    if backend == "auto" or "entropies" in CAPABILITIES.get(backend, frozenset()):
+    if backend == "auto" or ":" in backend or "entropies" in CAPABILITIES.get(backend, frozenset()):
         return []
     specs = [("loss", recipe.loss)] + [(f"tokens.{i}", spec) for i, spec in enumerate(recipe.tokens)]
     return [f"'{where}': {spec['name']} reads per-token entropies, which rollout.backend "

@@ -67,6 +67,9 @@ class Recipe(Section):
         if self.train.parallel == "fsdp2" and (self.model.lora is not None or self.distill is not None):
             raise ValueError("train.parallel fsdp2 does not shard LoRA adapters or a distillation teacher yet: "
                              "remove model.lora / distill, or use train.parallel none")
+        if self.cluster.backend == "ray" and ":" in self.rollout.backend:
+            raise ValueError(f"cluster.backend ray runs rollout.backend hf or vllm on its workers, not "
+                             f"{self.rollout.backend!r}: use cluster.backend local for an engine of your own")
         if self.train.cpu_offload and self.train.parallel != "fsdp2":
             raise ValueError("train.cpu_offload offloads FSDP2 shards: set train.parallel fsdp2 too")
         return self

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import reprlib
 from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, field_validator, model_validator
@@ -174,8 +176,9 @@ class BudgetSentencesConfig(Section):
 
 class RolloutConfig(Section):
     # auto: vllm when it is installed and the recipe needs nothing only hf has, else hf;
-    # resolved when the recipe loads, so config.yaml (and a resume) names the one used
-    backend: Literal["auto", "hf", "vllm"] = "auto"
+    # resolved when the recipe loads, so config.yaml (and a resume) names the one used. Or an engine of
+    # your own by import path, "package.module:Class" (the generator contract: rollout/base.py)
+    backend: str = "auto"
     temperature: float = Field(1.0, gt=0.0, le=100.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     max_new_tokens: int = Field(128, gt=0, le=1_000_000)
@@ -211,8 +214,17 @@ class RolloutConfig(Section):
             out["rollout.scheduler.mode: async"] = "replica"
         return out
 
+    @field_validator("backend")
+    @classmethod
+    def _backend(cls, backend: str) -> str:
+        if backend not in ("auto", "hf", "vllm") and not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", backend):
+            raise ValueError(f"rollout.backend {reprlib.repr(backend)}: use auto, hf, vllm, or an engine of your own "
+                             "by import path 'package.module:Class' (the generator contract: adarl/rollout/base.py)")
+        return backend
+
     def unsupported(self, backend: str | None = None) -> list[str]:
-        """What this section asks for that `backend` (default: its own) cannot do."""
+        """What this section asks for that `backend` (default: its own) cannot do (an engine named by
+        import path is checked against its own `capabilities` when it is built)."""
         from adarl.capabilities import unsupported
 
         return unsupported(backend or self.backend, self.needs())
