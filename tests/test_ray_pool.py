@@ -318,8 +318,8 @@ def test_sapo_trainers_train_on_each_others_groups_scored_by_themselves(tiny_mod
         ra2 = a.train_step()
         assert ra2["sapo/taken"] == 2  # and A now trains on B's
     finally:
-        a.swarm.close()
-        b.swarm.close()
+        a.peers.close()
+        b.peers.close()
 
 
 @pytest.mark.usefixtures("local_ray")
