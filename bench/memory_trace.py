@@ -91,7 +91,7 @@ def main() -> None:
         import adarl.train.trainer as trainer_module
 
         tr.wrap(trainer_module, "hint_rung", "hints")
-        tr.wrap(trainer.generator, "update_weights", "weight push", inside=True)  # the vllm engine's copy
+        tr.wrap(trainer.generator, "load_weights", "weight push", inside=True)  # the vllm engine's copy
         if args.no_trim:  # the loop's malloc_trim after every step, switched off (the before)
             loop.release_memory = lambda: None
         tr.wrap(trainer, "train_step", "step")

@@ -21,6 +21,9 @@ CALL = '<tool_call>{"name": "calculate", "arguments": {"expression": "%s"}}</too
 class Scripted:
     """A generator whose row with key k writes script[k][turn] (one turn per call), then ends the turn."""
 
+    capabilities = frozenset({"stop_strings"})
+    metrics = staticmethod(dict)  # the contract: nothing to report
+
     def __init__(self, script: dict[int, list[str]]):
         self.tokenizer = make_tiny_tokenizer()
         self.script = script
@@ -172,7 +175,6 @@ def test_tool_schema_from_type_hints_and_docstring():
 
 class FirstTurnCalls:
     """Wraps the real generator: a first turn is a scripted calculator call, later turns are sampled."""
-
     def __init__(self, inner, expression: str = "6*7"):
         self.inner, self.text = inner, CALL % expression
 

@@ -30,7 +30,6 @@ class SecretGuess(Guess):
 
 class FirstTurnSays:
     """Wraps the real generator: the first turn is the scripted `text`, later turns are sampled."""
-
     def __init__(self, inner, text: str):
         self.inner, self.text = inner, text
 

@@ -35,6 +35,9 @@ class Keyed:
     """Writes scripts[key % 4]: the turn is the number of turns inserted in the prefix, the place in the
     turn the tokens written since the last one. Rows decode together one token per step, as a batch."""
 
+    capabilities = frozenset({"stop_strings", "replica"})
+    metrics = staticmethod(dict)  # the contract: nothing to report
+
     def __init__(self):
         from adarl.config import RolloutConfig
 

@@ -45,6 +45,9 @@ def test_segment_entropy_reads_the_first_tokens():
 class Scripted:
     """Row with key k writes script[k][turn] with the given entropy per token; keys count up."""
 
+    capabilities = frozenset({"stop_strings"})
+    metrics = staticmethod(dict)  # the contract: nothing to report
+
     def __init__(self, script):
         from adarl.config import RolloutConfig
 
@@ -101,6 +104,9 @@ def test_arpo_trains_end_to_end(tiny_model_dir, tmp_path, monkeypatch):
     from test_train import recipe_data, write_task
 
     class CallsWithEntropy(FirstTurnCalls):
+        capabilities = frozenset({"stop_strings"})
+        metrics = staticmethod(dict)  # the contract: nothing to report
+
         def generate(self, requests, greedy=False, max_new_tokens=None, stop_when=None, keys=None, max_tokens=None):
             out = super().generate(requests, greedy, max_new_tokens, stop_when, keys, max_tokens)
             for r in out:

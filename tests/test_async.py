@@ -1,7 +1,7 @@
 """Async mode of the RolloutScheduler (AReaL, algorithms.md §3.2) on the tiny model.
 
 A background thread samples from its own copy of the model, ahead of training, within the
-staleness bound η; `update_weights` copies the trainer's weights into that copy.
+staleness bound η; `load_weights` copies the trainer's weights into that copy.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from adarl.config import ModelConfig, RolloutConfig, load_recipe
 from adarl.metrics.step import TIMING_KEYS
 from adarl.models import chat_ids, load_model
 from adarl.rollout import build_scheduler
+from adarl.rollout.base import Weights
 from adarl.rollout.hf import HfGenerator
 from adarl.rollout.scheduler import RolloutScheduler, SchedulerConfig
 from adarl.train import checkpoint, loop
@@ -101,7 +102,7 @@ def test_staleness_never_exceeds_eta(model_and_tokenizer, prompts, eta):
             idle(scheduler)
             assert len(scheduler.buffer) <= eta * 2
             train(model, step)
-            gen.update_weights()
+            gen.load_weights(Weights.of(gen.model))
             worker = scheduler._worker
             assert worker is not None and worker.policy_version == gen.policy_version == step + 1
             assert all(torch.equal(a, b) for a, b in zip(worker.model.parameters(), model.parameters(), strict=True))
@@ -130,8 +131,8 @@ def test_eta0_tokens_are_the_training_models(model_and_tokenizer, prompts):
             assert all(r.token_versions == [step] * len(r) for r in got)
             assert scheduler.queue == [] and scheduler.buffer == []  # η = 0 never runs ahead
             train(model, step)
-            gen.update_weights()
-            sync.update_weights()
+            gen.load_weights(Weights.of(gen.model))
+            sync.load_weights(Weights.of(sync.model))
     finally:
         scheduler.close()
 
@@ -146,7 +147,7 @@ def test_too_stale_groups_are_restarted_not_dropped(model_and_tokenizer, prompts
         held = [g.request.prompt_id for g in scheduler.buffer]
         for step in range(3):  # updates with no run between them: those groups become 3 versions old
             train(model, step)
-            gen.update_weights()
+            gen.load_weights(Weights.of(gen.model))
         rollouts = scheduler.run(*requests(prompts, 1)).rollouts
         m = scheduler.metrics()
         assert [r.prompt_id for r in rollouts[::3]] == held  # the same groups, first in first out
@@ -164,7 +165,7 @@ def test_state_dict_pauses_and_resume_loses_nothing(model_and_tokenizer, prompts
     for step in range(2):
         scheduler.run(*requests(prompts, step, n=6))
         train(model, step)
-        gen.update_weights()
+        gen.load_weights(Weights.of(gen.model))
     state = json.loads(json.dumps(scheduler.state_dict()))  # taken while the thread runs ahead
     gen_state = copy.deepcopy(gen.state_dict())
     scheduler.close()
@@ -183,7 +184,7 @@ def test_state_dict_pauses_and_resume_loses_nothing(model_and_tokenizer, prompts
             if step == 2:  # tokens sampled before the checkpoint but not yet reported count now
                 assert restored.metrics()["tokens_generated"] >= state["tokens"]
             train(model, step)
-            restored_gen.update_weights()
+            restored_gen.load_weights(Weights.of(restored_gen.model))
     finally:
         restored.close()
     # the saved groups come back first, in order, each rollout continued from its saved tokens

@@ -17,6 +17,9 @@ ROOT_ENTROPY = [2.0, 0.1, 0.9, 0.5, 0.9]  # position 0 never forks: the top two 
 class Scripted:
     """Roots are ROOT_IDS; a continuation from a prefix of length p writes [100 + p, 200 + p]."""
 
+    capabilities = frozenset({"stop_strings"})
+    metrics = staticmethod(dict)  # the contract: nothing to report
+
     def __init__(self):
         self.tokenizer = make_tiny_tokenizer()
         self.policy_version = 0
@@ -123,6 +126,9 @@ def test_evaluation_samples_independently():
 
 def test_short_chains_still_give_n_leaves():
     class Short(Scripted):
+        capabilities = frozenset({"stop_strings"})
+        metrics = staticmethod(dict)  # the contract: nothing to report
+
         def generate(self, requests, greedy=False, max_new_tokens=None, stop_when=None, keys=None, max_tokens=None):
             self.calls.append(requests)
             return [Rollout(r.prompt_id, [10, 11], [-1.0] * 2, "stop", entropies=[1.0, 0.5]) if not r.prefix_ids
@@ -138,6 +144,9 @@ def test_short_chains_still_give_n_leaves():
 
 def test_forks_taken_latest_first_still_share_one_prefix():
     class LateFirst(Scripted):  # the highest entropy is at position 4, the second at 2: forks come 4, then 2
+        capabilities = frozenset({"stop_strings"})
+        metrics = staticmethod(dict)  # the contract: nothing to report
+
         def generate(self, requests, **kw):
             out = super().generate(requests, **kw)
             for r in out:

@@ -27,6 +27,9 @@ class ScriptedLatr:
     """From the prompt: ROOT. From a prefix ending in 99: the root's own tokens (a look-alike child).
     Otherwise: 500 + position. Rows stop at 8 tokens ("stop") or at their request's limit ("length")."""
 
+    capabilities = frozenset({"stop_strings", "top2"})
+    metrics = staticmethod(dict)  # the contract: nothing to report
+
     def __init__(self):
         self.tokenizer, self.cfg, self.policy_version = make_tiny_tokenizer(), Cfg(), 0
         self.record_top2, self.last_top2, self.calls = False, None, []
@@ -93,6 +96,9 @@ def test_latr_mix_schedule_sets_the_tree_share():
 
 class ScriptedSegments:
     """Every row writes distinct tokens (a counter); a row stops at `length` tokens in all."""
+
+    capabilities = frozenset({"stop_strings"})
+    metrics = staticmethod(dict)  # the contract: nothing to report
 
     def __init__(self, length=8):
         self.tokenizer, self.cfg, self.policy_version = make_tiny_tokenizer(), Cfg(), 0

@@ -33,6 +33,9 @@ class _Tokenizer:
 
 
 class FakeGenerator:
+    capabilities = frozenset({"stop_strings", "replica"})
+    metrics = staticmethod(dict)  # the contract: nothing to report
+
     def __init__(self) -> None:
         self.policy_version = 0
         self.tokenizer = _Tokenizer()
@@ -49,7 +52,7 @@ class FakeGenerator:
     def pull_weights(self) -> None:
         pass
 
-    def update_weights(self) -> None:
+    def load_weights(self, weights=None, version=None) -> None:
         self.policy_version += 1
         for listener in self.weight_listeners:
             listener()
@@ -135,7 +138,7 @@ def run_steps(spec, mode, k, rollout_limit, token_limit, seed, steps=3, run_limi
                 counts = allocator.more(list(groups.values()), store, budget)
             allocator.finish(list(groups.values()))
             spent.append((budget.step_rollouts, budget.step_tokens))
-            generator.update_weights()
+            generator.load_weights(None)
     finally:
         scheduler.close()
     return spent

@@ -6,6 +6,7 @@ import torch
 
 from adarl.config import ModelConfig, RolloutConfig
 from adarl.models import chat_ids, load_model
+from adarl.rollout.base import Weights
 from adarl.rollout.hf import HfGenerator, Progress, SampleStream, splitmix64, uniforms
 from adarl.train.logprobs import completion_logprobs, pack
 from adarl.types import Request, Rollout
@@ -343,7 +344,7 @@ def test_a_retained_cache_continues_a_row_as_a_fresh_prefill_does(model_and_toke
         np.testing.assert_allclose(x.logprobs, y.logprobs, atol=2e-4)
     kept.generate(first, keys=keys)
     assert kept._retained
-    kept.update_weights()  # another policy: nothing retained survives
+    kept.load_weights(Weights.of(kept.model))  # another policy: nothing retained survives
     assert not kept._retained
 
 

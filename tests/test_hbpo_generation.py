@@ -13,6 +13,9 @@ from conftest import make_tiny_tokenizer
 
 
 class Scripted:
+    capabilities = frozenset({"stop_strings"})
+    metrics = staticmethod(dict)  # the contract: nothing to report
+
     def __init__(self):
         self.tokenizer, self.calls = make_tiny_tokenizer(), []
 

@@ -286,7 +286,6 @@ def test_compute_kinds_are_checked():
 
 class FirstTurnCodes:
     """Wraps the real generator: a first turn is a scripted python block, later turns are sampled."""
-
     def __init__(self, inner, code: str):
         self.inner, self.text = inner, f"```python\n{code}\n```\n"
 

@@ -29,6 +29,7 @@ from adarl.cluster import start_private  # noqa: E402
 from adarl.cluster.ray_pool import RayRolloutPool  # noqa: E402
 from adarl.config import ClusterConfig, ModelConfig, RolloutConfig, load_recipe  # noqa: E402
 from adarl.models import load_model  # noqa: E402
+from adarl.rollout.base import Weights  # noqa: E402
 from adarl.rollout.hf import HfGenerator  # noqa: E402
 from adarl.train.trainer import Trainer  # noqa: E402
 from adarl.types import Request  # noqa: E402
@@ -119,7 +120,7 @@ def greedy_across_a_push(pool, model, hf_cfg):
     with torch.no_grad():
         for p in model[0].parameters():
             p.mul_(1.5)
-    pool.update_weights()
+    pool.load_weights(Weights.of(pool.model))
     after = pool.generate(requests(model[1]), greedy=True)
     return before, after, HfGenerator(*model, hf_cfg).generate(requests(model[1]), greedy=True)
 
@@ -317,8 +318,8 @@ def test_sapo_trainers_train_on_each_others_groups_scored_by_themselves(tiny_mod
         ra2 = a.train_step()
         assert ra2["sapo/taken"] == 2  # and A now trains on B's
     finally:
-        a.swarm.close()
-        b.swarm.close()
+        a.peers.close()
+        b.peers.close()
 
 
 @pytest.mark.usefixtures("local_ray")

@@ -1,6 +1,6 @@
 """RolloutScheduler (APRIL, algorithms.md §3.1) on the tiny model.
 
-The hf generator's `update_weights` only moves the policy version, so across these steps the
+The hf generator's `load_weights` of its own model's weights only moves the policy version, so across these steps the
 weights never change: every rollout the scheduler returns, however often it was paused and
 continued, must be exactly the rollout generated straight with the same sampling keys, while its
 tokens carry the versions of the steps that sampled them.
@@ -18,6 +18,7 @@ import torch
 
 from adarl.config import ModelConfig, RolloutConfig
 from adarl.models import chat_ids, load_model
+from adarl.rollout.base import Weights
 from adarl.rollout.hf import HfGenerator, SampleStream
 from adarl.rollout.scheduler import RolloutScheduler, SchedulerConfig
 from adarl.types import Request, Rollout
@@ -117,7 +118,7 @@ def test_partial_rollouts_are_the_straight_rollouts_and_nothing_is_lost(model_an
         assert m["token_age_max"] <= max_age
         reused += m["tokens_reused"]
         overdue += m["groups_overdue"]
-        gen.update_weights()
+        gen.load_weights(Weights.of(gen.model))
     assert mixed_versions > 0 and reused > 0  # rollouts really were paused and continued across steps
     if max_age == 1:
         assert overdue > 0
@@ -172,7 +173,7 @@ def test_state_dict_resumes_exactly(model_and_tokenizer, prompt_ids):
         out = []
         for step in range(first, last):
             out.append(sched.run(*step_requests(prompt_ids, step)).rollouts)
-            sched.generator.update_weights()
+            sched.generator.load_weights(Weights.of(sched.generator.model))
         return out
 
     steps(scheduler, 0, 2)

@@ -72,6 +72,7 @@ def test_demonstrations_call_the_tool_and_see_the_answer(source, environment):
     from adarl.config import RolloutConfig
 
     class Gen:
+        capabilities = frozenset({"stop_strings"})
         tokenizer, cfg, policy_version = make_tiny_tokenizer(), RolloutConfig(), 0
 
         def add_stop(self, stop):

@@ -15,6 +15,7 @@ import yaml
 
 from adarl.config import ModelConfig, RecipeError, RolloutConfig, load_recipe
 from adarl.models import chat_ids, load_model
+from adarl.rollout.base import Weights
 from adarl.rollout.hf import Progress
 from adarl.train.logprobs import completion_logprobs, pack
 from adarl.types import Request
@@ -116,7 +117,7 @@ def test_stop_when_returns_partials_that_continue(engine):
     torch.testing.assert_close(logp[0, : len(continued)], torch.tensor(continued.logprobs), atol=2e-4, rtol=1e-4)
 
 
-def test_update_weights_pushes_into_the_running_engine(engine):
+def test_load_weights_pushes_into_the_running_engine(engine):
     """After an in-place change of the training weights, vLLM samples from the new weights; the push
     prints none of the warnings that are expected of it (they would read as faults in a run's log)."""
     ids = prompts(engine.tokenizer, ["What is 12+34?"])
@@ -132,7 +133,7 @@ def test_update_weights_pushes_into_the_running_engine(engine):
         reload_log = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
         reload_log.addHandler(handler)
         try:
-            engine.update_weights()
+            engine.load_weights(Weights.of(engine.model))
         finally:
             reload_log.removeHandler(handler)
         assert not any("Failed to load weights" in m for m in seen)
@@ -145,7 +146,7 @@ def test_update_weights_pushes_into_the_running_engine(engine):
         with torch.no_grad():
             for n, p in engine.model.named_parameters():
                 p.copy_(original[n])
-        engine.update_weights()
+        engine.load_weights(Weights.of(engine.model))
 
 
 def test_lora_weights_are_merged_for_the_push(tiny_model_dir):
@@ -193,7 +194,7 @@ def test_bfloat16_engine_fed_float32_weights(tiny_model_dir):
             with torch.no_grad():
                 for p in model.parameters():
                     p.add_(torch.randn_like(p) * 0.05)
-            gen.update_weights()
+            gen.load_weights(Weights.of(gen.model))
     finally:
         gen.close()
 

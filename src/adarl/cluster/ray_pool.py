@@ -13,7 +13,7 @@ call it exactly as they call `HfGenerator`, and the trainer does not know genera
 - **Same groups as in-process.** Sampling keys are drawn here, from the same stream as the in-process
   generator (`SampleStream`), and sampling is keyed per row (rollout/hf.py): with the same weights
   the pool returns the in-process generator's tokens, however its requests are spread.
-- **Weights.** `update_weights()` moves the policy version and puts the training model's weights
+- **Weights.** `load_weights(weights)` moves the policy version and puts the learner's published weights
   (plain HF names, LoRA merged) in the object store once; every worker loads them and answers a
   one-token generation (its health check). With async mode's listeners the push waits until the
   generation thread is paused (`pull_weights`), so no call mixes two policies. A worker stamps the
@@ -36,7 +36,7 @@ import os
 import threading
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -46,19 +46,18 @@ import torch
 from adarl.capabilities import CAPABILITIES
 from adarl.cluster import connect, disconnect, least_loaded
 from adarl.config import ClusterConfig, RolloutConfig
+from adarl.rollout.base import Weights
 from adarl.rollout.hf import Progress, SampleStream, StopWhen, row_keys
 from adarl.types import Request, Rollout
 
 HEALTH_PROMPT = "health"
 
 
-def weights_of(model: torch.nn.Module) -> dict[str, tuple[str, np.ndarray]]:
-    """The model's weights as a plain HF checkpoint names them (PEFT adapters merged), as numpy
+def weights_of(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, tuple[str, np.ndarray]]:
+    """Published weights (`Weights.named()`: HF checkpoint names, PEFT adapters merged) as numpy
     arrays (Ray's object store hands numpy to every worker without a copy) with their torch dtype."""
-    from adarl.rollout.vllm import hf_weights
-
     out = {}
-    for name, tensor in hf_weights(model):  # detached tensors
+    for name, tensor in named:  # detached tensors
         t = tensor.cpu()
         array = t.view(torch.int16).numpy().copy() if t.dtype == torch.bfloat16 else t.numpy().copy()
         out[name] = (str(t.dtype).removeprefix("torch."), array)
@@ -125,7 +124,7 @@ class RolloutWorker:
         if self.generator is None:
             self._build()
         elif self.backend == "vllm":
-            self.generator.update_weights()  # pushes self.model into the engine
+            self.generator.load_weights(Weights.of(self.model), version)  # into the engine
         self.generator.policy_version = version
         return self.health()
 
@@ -214,7 +213,8 @@ class RayRolloutPool:
         from ray.util.placement_group import placement_group
 
         self.model, self.tokenizer, self.cfg, self.cluster = model, tokenizer, cfg, cluster
-        self.capabilities = CAPABILITIES[cfg.backend]
+        self.capabilities = CAPABILITIES[cfg.backend] | {"stop_strings", "remote"}
+        self._source = Weights.of(model)  # the weights the workers are to hold (the learner's latest)
         self.rng = SampleStream(seed)
         self.policy_version = 0
         self.weight_listeners: list[Callable[[], None]] = []
@@ -259,9 +259,10 @@ class RayRolloutPool:
     def set_entropy_stats(self, stats: Any) -> None:
         self.entropy_stats = stats
 
-    def update_weights(self, named_tensors: object = None) -> None:
+    def load_weights(self, weights: Weights, version: int | None = None) -> None:
         """A new policy version: broadcast it (async mode: once its listener paused the generation thread)."""
-        self.policy_version += 1
+        self._source = weights
+        self.policy_version = self.policy_version + 1 if version is None else version
         self._dirty = True
         for listener in self.weight_listeners:
             listener()
@@ -289,6 +290,10 @@ class RayRolloutPool:
         stats = state.get("entropy_stats")
         self.entropy_stats = EntropyStats(**{k: float(v) for k, v in stats.items()}) if stats else None
         self._dirty = True
+
+    def metrics(self) -> dict[str, float]:
+        """Per call: nothing beyond the rollouts (the pool's own counts are `pool_metrics`, per step)."""
+        return {}
 
     def pool_metrics(self) -> dict[str, float]:
         """The pool since it started: workers, losses and re-issues, the last broadcast's time and size."""
@@ -482,7 +487,7 @@ class RayRolloutPool:
 
         with self._lock:
             t0 = time.perf_counter()
-            weights = weights_of(self.model)
+            weights = weights_of(self._source.named())
             self.last_broadcast_mb = sum(a.nbytes for _, a in weights.values()) / 2**20
             self._weights, self._weights_version = ray.put(weights), self.policy_version
             del weights

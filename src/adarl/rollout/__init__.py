@@ -20,6 +20,8 @@ def build_generator(model: Any, tokenizer: Any, cfg: RolloutConfig, seed: int = 
     recipe asks for. The recipe refuses the wrappers' combinations when it loads (config.RolloutConfig)."""
     if engine is not None:
         generator = engine
+    elif ":" in cfg.backend:  # an engine of the user's, by import path: the contract is checked here
+        generator = build_engine(cfg.backend, model, tokenizer, cfg, seed)
     elif cfg.backend == "vllm":
         from adarl.rollout.vllm import VllmGenerator
 
@@ -39,6 +41,31 @@ def build_generator(model: Any, tokenizer: Any, cfg: RolloutConfig, seed: int = 
     from adarl.rollout.agent import AgentGenerator
 
     return AgentGenerator.from_config(generator, cfg.agent, {p.id: p for p in problems}, cfg.max_new_tokens)
+
+
+def build_engine(path: str, model: Any, tokenizer: Any, cfg: RolloutConfig, seed: int) -> Any:
+    """`Class(model, tokenizer, cfg, seed=seed)` for `rollout.backend: "package.module:Class"`, checked
+    against the generator contract (rollout/base.py) and against what the recipe asks of it."""
+    import importlib
+
+    from adarl.capabilities import unsupported
+    from adarl.rollout.base import Generator
+
+    module, _, name = path.partition(":")
+    try:
+        engine_class = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as err:
+        raise ValueError(f"rollout.backend {path!r} cannot be loaded ({type(err).__name__}: {err})") from None
+    engine = engine_class(model, tokenizer, cfg, seed=seed)
+    if not isinstance(engine, Generator):
+        missing = [m for m in ("capabilities", "tokenizer", "pad_id", "policy_version", "rng", "new_keys", "generate",
+                               "load_weights", "metrics", "state_dict", "load_state_dict", "close")
+                   if not hasattr(engine, m)]
+        raise ValueError(f"rollout.backend {path!r} does not implement the generator contract "
+                         f"(adarl/rollout/base.py): it lacks {', '.join(missing)}")
+    if problems := unsupported(path, cfg.needs(), frozenset(engine.capabilities)):
+        raise ValueError(problems[0].replace("needs backend: hf", f"needs what {path!r} does not declare"))
+    return engine
 
 
 def build_branching(generator: Any, b: Any) -> Any:

@@ -3,7 +3,7 @@
 mode "async" (AReaL, algorithms.md §3.2): generation runs ahead of training in a background
 thread that samples from its OWN copy of the model (the trainer mutates its model in backward and
 the optimizer step). The first `run` deep-copies the generator's model (and tokenizer) and
-starts the thread; `generator.update_weights()` then pauses the thread at a decoding step, copies
+starts the thread; `generator.load_weights(weights)` then pauses the thread at a decoding step, copies
 the trainer's weights into the copy (state dict, in place) and moves the copy's policy version.
   - `run(needed, spare)` enqueues `needed`, then spares while fewer than (η+1)·len(needed)
     groups are unconsumed (the look-ahead the thread may work on; set over_provision ≥ 1 + η

@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from adarl.rollout.base import Wrapper
 from adarl.types import Request, Rollout, Span, sampled_tokens, shared_span_owners
 
 
@@ -106,7 +107,7 @@ def rouge_l(a: Sequence[int], b: Sequence[int]) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
-class TreeGenerator:
+class TreeGenerator(Wrapper):
     """What the branching policies share (see the module docstring). A subclass implements
     `grow(requests, max_new) -> one list of leaves per request` using `sample`, and may add its
     own metrics to `self._stats`."""
@@ -118,11 +119,6 @@ class TreeGenerator:
         self._left: int | None = None
         self._spent = 0
         self._stats: dict[str, float] = {}
-
-    def __getattr__(self, name: str) -> Any:  # everything else is the wrapped generator's
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return getattr(self.generator, name)
 
     def metrics(self) -> dict[str, float]:
         return dict(self._metrics)
@@ -162,7 +158,7 @@ class TreeGenerator:
         wait in its buffer."""
         if greedy:  # one greedy answer per row: nothing to branch
             return self.generator.generate(requests, greedy=True, max_new_tokens=max_new_tokens)
-        cfg = getattr(self.generator, "cfg", None)
+        cfg = getattr(self.generator, "cfg", None)  # the engine's rollout section, where it has one
         max_new = max_new_tokens or getattr(cfg, "max_new_tokens", None)
         first_row = np.cumsum([0] + [r.n for r in requests])  # of each request
         going = [j for j, r in enumerate(requests) if r.prefix_ids]

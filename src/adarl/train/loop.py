@@ -20,6 +20,7 @@ from adarl.config import dump_recipe
 from adarl.metrics.passk import score_problems
 from adarl.metrics.progress import Progress
 from adarl.metrics.sinks import MetricsWriter
+from adarl.rollout.weights import load_named
 from adarl.tasks.mixture import pass1_by_share
 from adarl.train import checkpoint
 from adarl.train.callbacks import eval_part, notify
@@ -218,7 +219,7 @@ def resume_from_checkpoint(t: Any) -> bool:
         if checkpoint.is_sharded(path):  # written by a sharded learner: loads at any world size
             state = torch.load(path / "state.pt", weights_only=False)
             t.learner.load_sharded(path / checkpoint.SHARDED, state)
-            t.learner.publish(t.model)
+            t.generator.load_weights(t.learner.weights())
         elif t.learner.sharded:
             raise ValueError("a one-process checkpoint does not resume with train.parallel fsdp2 yet: resume "
                              "with train.parallel=none")
@@ -234,6 +235,9 @@ def resume_from_checkpoint(t: Any) -> bool:
 def save_final(t: Any) -> None:
     """`final/`: a Hugging Face folder, written under `final.tmp/` and renamed when complete."""
     crash_point("final", t.step)
+    weights = t.learner.weights()  # what the learner trained (sharded: gathered into rank 0's copy)
+    if weights.module is not t.model:
+        load_named(t.model, weights.named())
     checkpoint.save_model(t.run_dir / "final", t.model, t.tokenizer, phase="final", step=t.step)
     # a 135M model's checkpoint is ~1.6 GB with its optimizer state: keep only what a resume needs
     checkpoint.prune(t.run_dir / "checkpoints", t.recipe.checkpoint.keep_final, t.step)

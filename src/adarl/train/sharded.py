@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from adarl.rollout.base import Weights
 from adarl.train.checkpoint import load_dcp, save_dcp
 from adarl.train.learner import Learner, StepData
 from adarl.train.logprobs import completion_logprobs
@@ -189,15 +190,10 @@ class ShardedLearner(Learner):
 
     # ------------------------------------------------------------ weights out, checkpoints
 
-    def publish(self, into: torch.nn.Module) -> None:
-        """Gather full weights (host memory, rank 0 only) into rank 0's unsharded copy `into`."""
-        full = self._full_state_dict()
-        if self.rank == 0:
-            missing, unexpected = into.load_state_dict(full, strict=False)
-            tied = {n for n in missing if n in _tied_names(into)}
-            if set(missing) - tied or unexpected:
-                raise RuntimeError(f"published weights do not fit the generator's model: missing "
-                                   f"{sorted(set(missing) - tied)[:3]}, unexpected {unexpected[:3]}")
+    def weights(self) -> Weights:
+        """The trained weights, gathered whole on rank 0 when a generator reads them (every rank takes
+        part in the gather: `named()` is called on rank 0 only, which the other ranks follow)."""
+        return Weights(named=lambda: self._full_state_dict().items())
 
     @everywhere
     def _full_state_dict(self) -> dict[str, torch.Tensor]:
@@ -272,17 +268,6 @@ class ShardedLearner(Learner):
         gathered: list[Any] = [None] * self.world
         dist.all_gather_object(gathered, sums)
         return {k: sum(part.get(k, 0.0) for part in gathered) for k in dict.fromkeys(k for p in gathered for k in p)}
-
-
-def _tied_names(model: torch.nn.Module) -> set[str]:
-    """Parameter names that share a tensor with an earlier name (a tied head)."""
-    seen: dict[int, str] = {}
-    tied = set()
-    for name, p in model.named_parameters(remove_duplicate=False):
-        if id(p) in seen:
-            tied.add(name)
-        seen.setdefault(id(p), name)
-    return tied
 
 
 def _portable(batch: Batch) -> tuple:

@@ -30,6 +30,7 @@ from adarl.metrics.step import RunTotals, StepMetrics, batch_metrics
 from adarl.metrics.trackers import check_trackers
 from adarl.models import chat_ids, load_model, peak_memory_gib
 from adarl.rollout import build_scheduler
+from adarl.rollout.base import capable
 from adarl.rollout.scheduler import COUNTS
 from adarl.select.store import DifficultyStore
 from adarl.shaping.base import apply_shapings
@@ -148,12 +149,11 @@ class Trainer:
         metrics["train_s"] = time.perf_counter() - t0
         metrics.update(self.totals.update(metrics))
         t0 = time.perf_counter()
-        self.learner.publish(self.model)  # sharded: gathered into rank 0's full copy
-        self.generator.update_weights()
+        self.generator.load_weights(self.learner.weights())  # the next policy version (rollout/base.py)
         if self.entropy is not None:  # the sampler's ĥ: this step's statistics
             self.generator.set_entropy_stats(self.entropy.stats)
         metrics["weight_sync_s"] = time.perf_counter() - t0
-        if hasattr(self.generator, "pool_metrics"):  # remote rollout workers: lost, replaced, re-issued
+        if capable(self.generator, "remote"):  # remote rollout workers: lost, replaced, re-issued
             metrics.update(self.generator.pool_metrics())
         self.step += 1
         metrics["step_s"] = time.perf_counter() - t_step

@@ -33,6 +33,7 @@ from adarl.rollout.agent.environments import (
 )
 from adarl.rollout.agent.parsers import CALL_MARKERS, PARSERS, MalformedCall, ToolCall
 from adarl.rollout.arpo import ArpoBranching, segment_entropy
+from adarl.rollout.base import Wrapper, capable
 from adarl.rollout.daemon_pool import CallTimeout, DaemonPool
 from adarl.types import FinishReason, Problem, Request, Rollout, Span, sampled_tokens, shared_span_owners
 
@@ -89,7 +90,7 @@ def turns_of(spans: Sequence[Span]) -> list[tuple[list[int], list[Span]]]:
     return turns
 
 
-class AgentGenerator:
+class AgentGenerator(Wrapper):
     """A generator whose rollouts are tool-using trajectories (see the module docstring)."""
 
     LIVE_MAX = 4096  # environments of partial trajectories held for their continuation
@@ -123,9 +124,12 @@ class AgentGenerator:
         self.style = environment_style(env_factory, style)
         self.gym = self.style in ("gym", "openenv")
         if not self.gym and stop not in generator.cfg.stop:
+            if not capable(generator, "stop_strings"):
+                raise ValueError(f"the {type(generator).__name__} generator cannot end rows at a string (capability "
+                                 "stop_strings), which the agent loop's tool calls need")
             generator.add_stop(stop)
         self.before_tool, self.after_tool = self.check(generator.tokenizer, "user" if self.gym else "tool")
-        if hasattr(generator, "retain"):  # hf: a row's next turn pre-fills only the tool turn (rollout/hf.py)
+        if capable(generator, "retain"):  # hf: a row's next turn pre-fills only the tool turn (rollout/hf.py)
             generator.retain(retain_bytes)
         self._metrics: dict[str, float] = {}
         self._tools_text: str | None = None  # `tools_prompt` of the environment (`messages`)
@@ -228,9 +232,6 @@ class AgentGenerator:
         answer = self._encode(str(problem.answer)) + [self.generator.tokenizer.eos_token_id]
         t.spans.append(Span("model", answer, [0.0] * len(answer)))
         return Rollout(problem.id, finish_reason="stop", spans=t.spans, text=str(problem.answer))
-
-    def __getattr__(self, name: str) -> Any:  # everything else is the wrapped generator's
-        return getattr(self.generator, name)
 
     @staticmethod
     def check(tokenizer: Any, role: str = "tool") -> tuple[str, str]:
@@ -483,7 +484,7 @@ class AgentGenerator:
                     self._close(self._live.pop(next(iter(self._live)))[0])
             elif t.env is not None:  # (no two rows share an environment: a branch works on a copy)
                 self._close(t.env)
-        if hasattr(self.generator, "drop_retained"):  # a continued trajectory pre-fills anew (weights change)
+        if capable(self.generator, "retain"):  # a continued trajectory pre-fills anew (weights change)
             self.generator.drop_retained()
         self._measure(rows)
         if self.purify:
