@@ -25,7 +25,6 @@ import torch
 from adarl.config import TrainConfig
 from adarl.loss.aggregate import sequence_weights
 from adarl.loss.base import LossInputs, PolicyLoss
-from adarl.loss.distill import distill_terms
 from adarl.rollout.base import Weights
 from adarl.tokens.base import batch_entropies
 from adarl.tokens.entropy import EntropyObserver
@@ -97,22 +96,21 @@ class Learner:
         self.bad_updates_in_a_row = 0
         self._poisoned = False  # a micro-batch of the pending update had a non-finite loss
         self.entropy = entropy  # HAPO's ĥ statistics, fitted on each batch before its update
-        self.teacher = teacher  # a distillation teacher (train/teacher.py) and its recipe section
-        self.guard_length: float | None = None  # distill.length_guard's reference: the first batch's mean length
+        self.teacher = teacher  # a distillation teacher (train/teacher.py): its term joins the loss
 
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint needs besides the weights and `optimizer.state_dict()`."""
         return {"scheduler": self.scheduler.state_dict(), "skipped_updates": self.skipped_updates,
-                "bad_updates_in_a_row": self.bad_updates_in_a_row, "guard_length": self.guard_length,
+                "bad_updates_in_a_row": self.bad_updates_in_a_row,
                 **({"teacher": self.teacher.state_dict()} if self.teacher is not None else {})}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.scheduler.load_state_dict(state["scheduler"])
         self.skipped_updates = state["skipped_updates"]
         self.bad_updates_in_a_row = state.get("bad_updates_in_a_row", 0)
-        self.guard_length = state.get("guard_length")
         if self.teacher is not None and "teacher" in state:
-            self.teacher.load_state_dict(state["teacher"])
+            # (checkpoints before the teacher kept it held the length guard's reference beside it)
+            self.teacher.load_state_dict({"guard_length": state.get("guard_length"), **state["teacher"]})
 
     def _micro_batches(self, order: list[int], lengths: list[int]) -> list[list[int]]:
         return micro_batches(order, lengths, self.cfg.micro_batch_tokens)
@@ -158,8 +156,8 @@ class Learner:
         data = StepData(rows=rows, lengths=[len(p) + len(c) for p, c in rows],
                         token_adv=token_advantages(rollouts, batch.advantages, weights, batch.span_advantages),
                         token_weights=weights, rollouts=rollouts, on_policy=t.mini_batches == 1 and t.epochs == 1)
-        if self.teacher is not None:
-            self._prepare_distill(batch, data)
+        if self.teacher is not None:  # the teacher's prompt for each rollout, and which the length guard keeps
+            data.teacher_rows, data.distilled = self.teacher.prepare(batch, rollouts)
         kept = [int((w > 0).sum()) for w in weights]  # tokens in the loss and in agg's count
         # terms that do not vanish with A = 0 (KL, the entropy bonus, distillation) need every rollout
         every_rollout = bool(self.loss.requires & {"ref_logp", "entropy_live"}) or self.teacher is not None
@@ -274,7 +272,7 @@ class Learner:
         w = torch.tensor([seq_weight[i] for i in micro], dtype=torch.float32, device=self.device)[:, None]
         per_token, stats = self.loss(x)
         if self.teacher is not None:
-            per_token, extra = self._distill(data, micro, x, per_token)
+            per_token, extra = self.teacher.combine(x, per_token, [data.distilled[i] for i in micro])
             stats = {**stats, **extra}
         self._backward((per_token * mask * w).sum())
         # token-summed statistics; divided by the trained token count at the end of the step
@@ -290,28 +288,6 @@ class Learner:
         sums["sampler_kl_k3"] = sums.get("sampler_kl_k3", 0.0) + float(((torch.expm1(r) - r) * mask).sum())
         for key, value in stats.items():
             sums[key] = sums.get(key, 0.0) + float((value * mask).sum())
-
-    def _prepare_distill(self, batch: Batch, data: StepData) -> None:
-        """Teacher rows (the teacher's prompt for each rollout's problem) and the length guard."""
-        cfg = self.teacher.cfg
-        data.teacher_rows = [(self.teacher.prompt_ids(g.problem), r.completion_ids)
-                             for g in batch.groups for r in g.rollouts]
-        lengths = [len(r) for r in data.rollouts]
-        if cfg.length_guard is not None and self.guard_length is None and lengths:
-            self.guard_length = float(np.mean(lengths))
-        limit = None if cfg.length_guard is None or self.guard_length is None else cfg.length_guard * self.guard_length
-        data.distilled = [limit is None or n <= limit for n in lengths]
-
-    def _distill(self, data: StepData, micro: list[int], x: LossInputs,
-                 per_token: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The RL loss and the distillation term, weighted (`distill.rl_weight`, `distill.weight`)."""
-        cfg = self.teacher.cfg
-        aux, stats = distill_terms(cfg.method, x.logp, x.teacher_logp, estimator=cfg.estimator, direction=cfg.direction,
-                                   gate_temperature=cfg.gate_temperature, div_weight=cfg.div_weight,
-                                   student_top=x.student_top, teacher_top=x.teacher_top)
-        on = torch.tensor([float(data.distilled[i]) for i in micro], device=self.device)[:, None]
-        stats["distill/loss"] = aux.detach()
-        return cfg.rl_weight * per_token + cfg.weight * aux * on, stats
 
     def optim_step(self) -> float:
         """Apply the accumulated gradients, unless the loss or the gradient is not finite; the grad norm.

@@ -18,11 +18,14 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import numpy as np
 import torch
 
+from adarl.loss.base import LossInputs
+from adarl.loss.distill import distill_terms
 from adarl.models import chat_ids, load_reference
 from adarl.train.logprobs import completion_topk, pack
-from adarl.types import Problem
+from adarl.types import Batch, Problem, Rollout
 
 PRIVILEGED = {"answer": "The correct final answer is: {}", "hint": "Hint: {}", "solution": "A worked solution: {}"}
 
@@ -52,6 +55,7 @@ class Teacher:
                                  "its log-probs cannot score the policy's tokens")
         self.forward_tokens = 0
         self._prompts: dict[str, list[int]] = {}
+        self.guard_length: float | None = None  # distill.length_guard's reference: the first batch's mean length
 
     def prompt_ids(self, problem: Problem) -> list[int]:
         if problem.id not in self._prompts:
@@ -71,6 +75,29 @@ class Teacher:
         finally:
             model.train(was_training)
 
+    def prepare(self, batch: Batch, rollouts: list[Rollout]) -> tuple[list[tuple[list[int], list[int]]], list[bool]]:
+        """For each rollout of the batch: the teacher's row (its prompt for the rollout's problem, the
+        completion), and whether the length guard keeps it in the distillation term."""
+        rows = [(self.prompt_ids(g.problem), r.completion_ids) for g in batch.groups for r in g.rollouts]
+        lengths = [len(r) for r in rollouts]
+        guard = self.cfg.length_guard
+        if guard is not None and self.guard_length is None and lengths:
+            self.guard_length = float(np.mean(lengths))
+        limit = None if guard is None or self.guard_length is None else guard * self.guard_length
+        return rows, [limit is None or n <= limit for n in lengths]
+
+    def combine(self, x: LossInputs, per_token: torch.Tensor,
+                distilled: list[bool]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The RL loss and the distillation term (loss/distill.py) per token, weighted (`distill.rl_weight`,
+        `distill.weight`; rows the length guard left out get the RL loss alone), and its statistics."""
+        cfg = self.cfg
+        aux, stats = distill_terms(cfg.method, x.logp, x.teacher_logp, estimator=cfg.estimator, direction=cfg.direction,
+                                   gate_temperature=cfg.gate_temperature, div_weight=cfg.div_weight,
+                                   student_top=x.student_top, teacher_top=x.teacher_top)
+        on = torch.tensor([float(d) for d in distilled], device=per_token.device)[:, None]
+        stats["distill/loss"] = aux.detach()
+        return cfg.rl_weight * per_token + cfg.weight * aux * on, stats
+
     @torch.no_grad()
     def after_update(self) -> None:
         """EMA teacher: θ_T ← d·θ_T + (1 − d)·θ after each optimizer step."""
@@ -81,12 +108,13 @@ class Teacher:
             t.mul_(d).add_(p.detach(), alpha=1.0 - d)
 
     def state_dict(self) -> dict:
-        out: dict[str, Any] = {"forward_tokens": self.forward_tokens}
+        out: dict[str, Any] = {"forward_tokens": self.forward_tokens, "guard_length": self.guard_length}
         if self.cfg.teacher in ("snapshot", "ema") and self.model is not None:
             out["model"] = {k: v.clone() for k, v in self.model.state_dict().items()}
         return out
 
     def load_state_dict(self, state: dict) -> None:
         self.forward_tokens = int(state.get("forward_tokens", 0))
+        self.guard_length = state.get("guard_length")
         if "model" in state and self.model is not None:
             self.model.load_state_dict(state["model"])
