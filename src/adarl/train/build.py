@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from adarl.config import AdaptiveTemperature, ClusterConfig, Recipe, RolloutConfig
+from adarl.config import AdaptiveTemperature, ClusterConfig, Recipe, RolloutConfig, resolve_backend
 from adarl.models import load_reference
 from adarl.rollout import build_generator
 from adarl.tokens.entropy import EntropyObserver
@@ -44,7 +44,12 @@ def missing_packages(rollout: RolloutConfig, cluster: ClusterConfig | None = Non
 
 def build_rollout(recipe: Recipe, model: torch.nn.Module, tokenizer: Any, problems: Sequence[Any]) -> Any:
     """The recipe's generator (rollout/__init__.py: build_generator) in this process, or on a pool of
-    Ray rollout workers (`cluster.backend: ray`) fed the trained weights after each update."""
+    Ray rollout workers (`cluster.backend: ray`) fed the trained weights after each update.
+
+    The one place a run decides its backend: `auto` becomes the engine used (config.resolve_backend),
+    written back to the recipe so that config.yaml, and a resume, name it. (A recipe file keeps `auto`:
+    the same file runs on vLLM on a GPU machine and on the hf decoder where vLLM is missing.)"""
+    recipe.rollout.backend = resolve_backend(recipe)
     engine = None
     if recipe.cluster.backend == "ray":
         from adarl.cluster.ray_pool import RayRolloutPool

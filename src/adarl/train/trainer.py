@@ -23,7 +23,7 @@ import torch
 from adarl import registry
 from adarl.allocate.base import plan_spares
 from adarl.budget import Budget, check_feasible
-from adarl.config import Recipe, resolve_backend
+from adarl.config import Recipe
 from adarl.hints.base import hint_rung, hinted
 from adarl.metrics.sinks import RunLogs
 from adarl.metrics.step import RunTotals, StepMetrics, batch_metrics
@@ -65,7 +65,6 @@ class Trainer:
         self.hints = registry.build("hints", recipe.hints) if recipe.hints is not None else None
         self.token_weightings = [registry.build("tokens", spec) for spec in recipe.tokens]
         loss = registry.build("loss", recipe.loss)
-        recipe.rollout.backend = resolve_backend(recipe)  # auto -> the one used, as config.yaml records
         self.generator = build_rollout(recipe, self.model, self.tokenizer,
                                        problems=self.task.train + self.task.eval)  # an agent's environments
         self.agent = self.generator if recipe.rollout.agent else None
