@@ -47,9 +47,8 @@ import numpy as np
 import torch
 
 from adarl.config import SchedulerConfig
-from adarl.rollout.hf import Progress
+from adarl.rollout.base import Generator, Progress
 from adarl.rollout.scheduler import (
-    KeyedGenerator,
     RolloutScheduler,
     Spares,
     _empty,
@@ -63,7 +62,7 @@ from adarl.types import Request, Rollout, StageResult
 
 
 class AsyncRolloutScheduler(RolloutScheduler):
-    def __init__(self, generator: KeyedGenerator, cfg: SchedulerConfig | None = None) -> None:
+    def __init__(self, generator: Generator, cfg: SchedulerConfig | None = None) -> None:
         super().__init__(generator, cfg)
         self.queue: list[_Group] = []  # enqueued, not yet admitted
         # the generation thread, its model copy, and what it shares with the trainer (under _cond)

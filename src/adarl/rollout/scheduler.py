@@ -43,32 +43,13 @@ import threading
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from adarl.config import SchedulerConfig
-from adarl.rollout.hf import Progress, StopWhen
+from adarl.rollout.base import Generator, Progress, StopWhen
 from adarl.types import Generated, Request, Rollout, StageResult, sampled_tokens
-
-
-class KeyedGenerator(Protocol):
-    """What the scheduler needs of a generator: per-row sampling keys, early stop, continuation.
-
-    Optional capabilities, looked up by name: `max_batch` (rows decoded together; partial mode warns
-    when a step asks for more), `replica()` / `pull_weights()` and `weight_listeners` (async mode:
-    a copy the generation thread samples with, refreshed after each update).
-    """
-
-    policy_version: int
-    tokenizer: Any
-
-    def new_keys(self, requests: Sequence[Request]) -> list[int]: ...
-
-    def generate(self, requests: list[Request], greedy: bool = False, max_new_tokens: int | None = None,
-                 stop_when: StopWhen | None = None, keys: Sequence[int] | None = None,
-                 max_tokens: int | None = None) -> list[Rollout]: ...
-
 
 # the keys of `metrics()` that count what one call did (a step with several calls adds them up)
 COUNTS = frozenset({"tokens_generated", "tokens_reused", "tokens_discarded", "rollouts_started",
@@ -152,7 +133,7 @@ def _groups_from(state: list[dict[str, Any]]) -> list[_Group]:
 
 
 class RolloutScheduler:
-    def __init__(self, generator: KeyedGenerator, cfg: SchedulerConfig | None = None) -> None:
+    def __init__(self, generator: Generator, cfg: SchedulerConfig | None = None) -> None:
         self.generator = generator
         self.cfg = cfg or SchedulerConfig()
         self.buffer: list[_Group] = []  # partial: groups held; async: admitted, not yet consumed
