@@ -191,7 +191,7 @@ def test_agent_trajectories_train_end_to_end(tiny_model_dir, tmp_path, monkeypat
     from adarl.train.trainer import Trainer
     from test_train import recipe_data, write_task
 
-    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parents[1]))
     data = recipe_data(tiny_model_dir, write_task(tmp_path), budget={"max_steps": 2, "prompts_per_step": 2},
                        rollout={"temperature": 1.0, "max_new_tokens": 8, "agent": {"max_turns": 2}},
                        allocate={"name": "fixed", "n": 3},
@@ -290,7 +290,7 @@ def test_adarl_eval_runs_the_agent_loop(tiny_model_dir, tmp_path, monkeypatch):
     from adarl.rollout import build_generator
     from test_train import recipe_data, write_task
 
-    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parents[1]))
     recipe = load_recipe(data=recipe_data(tiny_model_dir, write_task(tmp_path),
                                           rollout={"max_new_tokens": 8, "agent": {"max_turns": 2}}))
     model, tok = load_model(recipe.model, for_training=False)

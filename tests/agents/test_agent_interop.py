@@ -72,7 +72,7 @@ def test_an_ambiguous_environment_fails_when_the_trainer_starts_and_style_settle
     from adarl.train.trainer import Trainer
     from test_train import recipe_data, write_task
 
-    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parents[1]))
     data = recipe_data(tiny_model_dir, write_task(tmp_path),
                        rollout={"max_new_tokens": 8, "agent": {"environment": "interop_envs:Untyped"}})
     with pytest.raises(ValueError, match="Untyped.*rollout.agent.style"):
@@ -129,7 +129,7 @@ def train_one_step(tiny_model_dir, tmp_path, monkeypatch, rows: list[dict], agen
     from adarl.train.trainer import Trainer
     from test_train import recipe_data
 
-    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parents[1]))
     task = tmp_path / "task.jsonl"
     task.write_text("".join(json.dumps(row) + "\n" for row in rows))
     data = recipe_data(tiny_model_dir, task, budget={"max_steps": 1, "prompts_per_step": 2},

@@ -339,7 +339,7 @@ def test_an_agent_in_partial_mode_trains_a_step(tiny_model_dir, tmp_path, monkey
     from test_agent import FirstTurnCalls
     from test_train import recipe_data, write_task
 
-    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parents[1]))
     data = recipe_data(tiny_model_dir, write_task(tmp_path), budget={"max_steps": 3, "prompts_per_step": 2},
                        rollout={"temperature": 1.0, "max_new_tokens": 8, "agent": {"max_turns": 2},
                                 "scheduler": {"mode": "partial", "over_provision": 1.5}},

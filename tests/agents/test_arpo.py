@@ -108,7 +108,7 @@ def test_arpo_trains_end_to_end(tiny_model_dir, tmp_path, monkeypatch):
                     r.spans[0].entropies = [0.0] * len(r)
             return out
 
-    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parents[1]))
     data = recipe_data(tiny_model_dir, write_task(tmp_path), budget={"max_steps": 2, "prompts_per_step": 2},
                        rollout={"temperature": 1.0, "max_new_tokens": 8, "backend": "hf",
                                 "agent": {"max_turns": 2, "max_context_tokens": 512,

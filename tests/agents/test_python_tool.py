@@ -308,7 +308,7 @@ def test_a_python_agent_trains_end_to_end(fence_model_dir, tmp_path, monkeypatch
     from adarl.train.trainer import Trainer
     from test_train import recipe_data, write_task
 
-    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parents[1]))
     data = recipe_data(fence_model_dir, write_task(tmp_path), budget={"max_steps": 1, "prompts_per_step": 2},
                        rewards=[{"type": "short_answer", "extract": "last_number", "match": "numeric"}],
                        rollout={"temperature": 1.0, "max_new_tokens": 8,

@@ -12,7 +12,7 @@ import pytest
 
 from adarl.config import load_recipe
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_vs_trl_smoke_runs_both_trainers_on_the_same_prompts(tiny_model_dir, tmp_path):

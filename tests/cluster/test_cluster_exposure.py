@@ -16,6 +16,8 @@ import pytest
 
 from adarl.cluster import LOOPBACK, connect, disconnect
 
+pytestmark = pytest.mark.heavy
+
 ray = pytest.importorskip("ray")
 psutil = pytest.importorskip("psutil")
 

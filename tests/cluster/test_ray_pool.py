@@ -35,7 +35,7 @@ from adarl.types import Request  # noqa: E402
 from test_resume_components import rows  # noqa: E402
 from test_train import recipe_data, tests_on_path, write_task  # noqa: E402,F401
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 
@@ -233,7 +233,7 @@ def test_a_trainer_on_the_pool_trains_on_the_in_process_groups(tiny_model_dir, t
 
 @pytest.mark.usefixtures("local_ray", "tests_on_path")
 def test_a_run_killed_mid_step_resumes_on_the_pool(tiny_model_dir, tmp_path):
-    tests = Path(__file__).parent
+    tests = Path(__file__).parents[1]
     task = write_task(tmp_path)
     straight = Trainer(load_recipe(data=_recipe(tiny_model_dir, task, **RAY)), tmp_path / "straight")
     try:
@@ -343,11 +343,11 @@ def test_sapo_rejects_malformed_foreign_groups_and_never_trusts_their_text(model
     ray.get(sender.queue.publish.remote(sender.node, "another-vocabulary", [_payload(groups[0])]))
     rewards = Rewards([RewardConfig(type="callable", function="e2e_rewards:fraction_of_a")], workers=1)
     try:
-        sys.path.insert(0, str(Path(__file__).parent))
+        sys.path.insert(0, str(Path(__file__).parents[1]))
         foreign, m = receiver.exchange([], rewards)
     finally:
         rewards.close()
-        sys.path.remove(str(Path(__file__).parent))
+        sys.path.remove(str(Path(__file__).parents[1]))
     assert m["sapo/taken"] == 1 and m["sapo/rejected"] == 4
     assert foreign[0].rollouts[0].text == "bb" and foreign[0].reward.tolist() == [0.0]  # scored on "bb", not "aaaa"
 

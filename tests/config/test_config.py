@@ -10,7 +10,7 @@ import yaml
 from adarl.config import RecipeError, load_recipe
 from conftest import hide_package
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BASE = {"task": {"source": "reasoning_gym", "name": "basic_arithmetic"}}
 
 

@@ -22,10 +22,11 @@ from adarl.train.trainer import Trainer
 from conftest import make_tiny_model_dir
 from test_hub import MAIN_TEST, MAIN_TRAIN, cache_gsm8k
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RECIPES = ["gsm8k_qwen2.5_0.5b.yaml", "gsm8k_qwen2.5_1.5b.yaml"]
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("name", RECIPES)
 def test_a_gpu_recipe_trains_one_step_on_the_cpu_with_a_tiny_stand_in(name, tmp_path, monkeypatch):
     pytest.importorskip("math_verify")

@@ -3,8 +3,8 @@
 A tiny local model stands in for SmolLM2 (conftest.make_tiny_model_dir) and the sizes are cut to a
 couple of prompts of a few rollouts; everything else is the recipe's own: its task, rewards, selector,
 allocator, estimator, shapings, loss, scheduler mode, branching, hints, teacher or agent. The recipes
-that name a Hub model (recipes/gsm8k_qwen2.5_*.yaml: tests/test_gpu_recipes.py trains them with a cached
-GSM8K) and the Ray one (tests/test_ray_pool.py starts a real local cluster) are loaded and not trained here.
+that name a Hub model (recipes/gsm8k_qwen2.5_*.yaml: tests/config/test_gpu_recipes.py trains them with a cached
+GSM8K) and the Ray one (tests/cluster/test_ray_pool.py starts a real local cluster) are loaded and not trained here.
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ import pytest
 from adarl.config import load_recipe
 from adarl.train.trainer import Trainer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RECIPES = sorted(p.name for p in (ROOT / "recipes").glob("*.yaml"))
 NOT_TRAINED_HERE = {
-    "gsm8k_qwen2.5_0.5b.yaml": "a Hub model and dataset: tests/test_gpu_recipes.py",
-    "gsm8k_qwen2.5_1.5b.yaml": "a Hub model and dataset: tests/test_gpu_recipes.py",
-    "ray_workers.yaml": "starts Ray: tests/test_ray_pool.py runs the pool",
+    "gsm8k_qwen2.5_0.5b.yaml": "a Hub model and dataset: tests/config/test_gpu_recipes.py",
+    "gsm8k_qwen2.5_1.5b.yaml": "a Hub model and dataset: tests/config/test_gpu_recipes.py",
+    "ray_workers.yaml": "starts Ray: tests/cluster/test_ray_pool.py runs the pool",
 }
 HEADER_FIELDS = ("command:", "hardware:", "time:", "result:")
 

@@ -15,8 +15,8 @@ from test_train import recipe_data, write_task
 
 @pytest.fixture
 def data(tiny_model_dir, tmp_path, monkeypatch):
-    monkeypatch.syspath_prepend(str(Path(__file__).parent))
-    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1]))
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parents[1]))
     return recipe_data(tiny_model_dir, write_task(tmp_path), budget={"max_steps": 6, "prompts_per_step": 2},
                        allocate={"name": "fixed", "n": 3}, eval={"every": 2, "at_start": True},
                        checkpoint={"every": 2}, log={"tensorboard": False, "progress": False})
@@ -134,7 +134,7 @@ def test_a_component_named_by_import_path_trains(data, tmp_path, monkeypatch):
     """docs/examples/plugin_allocator.py: one module outside adarl, no registration, no other edit."""
     import json
 
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "docs" / "examples"))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "docs" / "examples"))
     spec = {"name": "plugin_allocator:SolvedGetFewer", "n_unsolved": 3, "n_solved": 1, "solved": 0.5}
     api.train(data, tmp_path / "run", overrides={"allocate": spec, "budget.max_steps": 3})
     prompts = [json.loads(x) for x in (tmp_path / "run" / "prompts.jsonl").read_text().splitlines()]
@@ -154,7 +154,7 @@ def test_a_loss_named_by_import_path_trains(data, tmp_path, monkeypatch):
 
     from adarl.loss.base import LossInputs
 
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "docs" / "examples"))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "docs" / "examples"))
     from plugin_loss import Cispo
 
     # by hand: r = e^{−1 − (−1.5)} = e^{0.5} ≈ 1.65 is clipped to 1.2, so L = −1.2 · A · ℓ = 1.2 · 2 = 2.4,

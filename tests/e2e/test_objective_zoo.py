@@ -31,8 +31,8 @@ COMBOS = {
                             loss={"name": "ppo_clip", "kl_coef": 0.01, "kl": "k1"}),
     "polychromic": dict(advantage={"name": "polychromic", "n": 2, "subsets": 8}, loss={"name": "ppo_clip"}),
 }
-# trained end to end where their inputs exist: trees (tests/test_branching_policies.py), hinted groups
-# (tests/test_hints.py); grpo/drgrpo: tests/test_train.py; decoupled_ppo: the partial-rollouts test below
+# trained end to end where their inputs exist: trees (tests/rollout/test_branching_policies.py), hinted groups
+# (tests/objectives/test_hints.py); grpo/drgrpo: tests/e2e/test_train.py; decoupled_ppo: the partial-rollouts test below
 ELSEWHERE = {"grpo", "drgrpo", "decoupled_ppo", "treepo", "treerl", "adhint"}
 
 
@@ -49,7 +49,7 @@ def test_components_train_together(name, tiny_model_dir, tmp_path, tests_on_path
         assert f"reward/{column}" in last
     if data.get("tokens"):
         assert 0.0 < last["tokens/kept_fraction"] <= 1.0
-    if data["loss"]["name"] == "bapo":  # the bounds' values are checked by hand in tests/test_bapo.py
+    if data["loss"]["name"] == "bapo":  # the bounds' values are checked by hand in tests/objectives/test_bapo.py
         assert "bapo_c_low" in last and "bapo_c_high" in last
     if "adaptive_temperature" in data.get("rollout", {}):
         assert trainer.generator.entropy_stats is not None  # handed over after each step

@@ -14,7 +14,7 @@ import pytest
 from adarl.config import load_recipe
 from adarl.train.trainer import Trainer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow

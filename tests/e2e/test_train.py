@@ -18,7 +18,8 @@ from adarl.config import load_recipe
 from adarl.metrics.step import TIMING_KEYS
 from adarl.train.trainer import Trainer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
+TESTS = ROOT / "tests"  # the helpers recipes name (e2e_rewards, ...)
 
 
 def write_task(tmp_path: Path) -> Path:
@@ -59,8 +60,8 @@ def scheduled_recipe(model_dir: Path, task: Path, scheduler: dict, max_steps: in
 
 @pytest.fixture
 def tests_on_path(monkeypatch):
-    monkeypatch.syspath_prepend(str(Path(__file__).parent))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.syspath_prepend(str(TESTS))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
 
 
 def test_reward_rises_on_tiny_model(tiny_model_dir, tmp_path, tests_on_path):
@@ -94,7 +95,7 @@ def test_resume_after_hard_kill_is_exact(tiny_model_dir, tmp_path, tests_on_path
                        checkpoint={"every": 1, "keep": 2}, deterministic=True)
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(yaml.safe_dump(data))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]),
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1"}
 
     straight = _run_cli([str(recipe), "--run-dir", str(tmp_path / "straight")], env)

@@ -520,6 +520,7 @@ CALC = '<tool_call>{"name": "calculate", "arguments": {"expression": "1+1"}}</to
 
 @pytest.mark.parametrize("where, censored", [("init", True), ("reset", True), ("tool", True), ("step", True),
                                              ("get_reward", True), ("close", False)])
+@pytest.mark.heavy
 @pytest.mark.parametrize("rows", [1, 8])
 def test_a_hang_anywhere_in_the_environment_is_bounded_and_censors(where, censored, rows):
     # cap: the deadline + 3 s for all rows together (they wait at once, not one after another);
@@ -595,7 +596,7 @@ def test_hung_calls_give_their_slots_back():
 
 HUNG_SCRIPT = """
 import sys, threading
-sys.path.insert(0, sys.argv[1])
+sys.path[:0] = sys.argv[1:]
 from test_agent import agent, run
 from adarl.rollout.tools import Calculator
 
@@ -610,15 +611,16 @@ print(run(ag, prompt)[0].finish_reason)
 """
 
 
+@pytest.mark.heavy
 def test_a_hung_tool_thread_does_not_keep_the_process_alive():
     # cap: the process exits within 60 s (imports take a few); was: never (the pool joined its threads at exit)
     import adarl
 
-    here = Path(__file__).parent
+    here = Path(__file__).parents[1]  # tests/, whose agents/ holds test_agent
     env = {"PYTHONPATH": str(Path(adarl.__file__).parents[1]), "HF_HUB_OFFLINE": "1", "OMP_WAIT_POLICY": "PASSIVE",
            "PATH": "/usr/bin:/bin"}
-    done = subprocess.run([sys.executable, "-c", HUNG_SCRIPT, str(here)], capture_output=True, text=True,
-                          timeout=60, env=env)
+    done = subprocess.run([sys.executable, "-c", HUNG_SCRIPT, str(here / "agents"), str(here)], capture_output=True,
+                          text=True, timeout=60, env=env)
     assert done.returncode == 0 and done.stdout.strip() == "censored", done.stderr[-2000:]
 
 

@@ -24,7 +24,7 @@ from adarl.rewards.pool import MAX_TIMEOUT_S, MAX_WORKERS
 from adarl.shaping.fapo import Fapo
 from adarl.types import Group, Problem, Rollout
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # workers import reward_fns by name
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # workers import reward_fns by name
 
 BAD_TIMEOUTS = [7e9, MAX_TIMEOUT_S * 1.0001, math.inf, -math.inf, math.nan, 0, 0.0, -1.0, -1e-9, 1e308,
                 True, "10", None, [10], complex(1, 0)]

@@ -25,7 +25,7 @@ from adarl.config import RecipeError, TaskConfig, load_recipe
 from adarl.tasks import build_task
 from conftest import hide_package
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RG = {"source": "reasoning_gym", "name": "basic_arithmetic"}
 
 
@@ -335,6 +335,7 @@ def test_cli_rejects_bad_input_before_writing_anything(case, tmp_path: Path, tin
     assert not run.exists()
 
 
+@pytest.mark.heavy
 def test_cli_subprocess_exit_code_and_no_traceback(tmp_path: Path) -> None:
     data = write_lines(tmp_path / "data.jsonl", [*rows(3), {"text": "no prompt"}])
     recipe = tmp_path / "recipe.yaml"
@@ -351,8 +352,8 @@ def test_cli_subprocess_exit_code_and_no_traceback(tmp_path: Path) -> None:
 
 @pytest.fixture
 def tests_on_path(monkeypatch):
-    monkeypatch.syspath_prepend(str(Path(__file__).parent))
-    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1]))
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parents[1]))
 
 
 def test_skipped_lines_are_in_the_first_metrics_row(tmp_path: Path, tiny_model_dir: Path) -> None:

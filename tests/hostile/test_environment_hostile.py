@@ -67,6 +67,7 @@ def _time_cap():
     ("Env = 42\n", r"has no reset\(\*\*row\) method"),
     ("", r"cannot be loaded \(AttributeError"),
 ])
+@pytest.mark.heavy
 def test_a_hostile_environment_module_is_one_error_naming_it(env_module, source, why):
     name = env_module(source)
     with pytest.raises(ValueError, match=rf"^rollout.agent.environment '{name}:Env'.*{why}"):

@@ -367,6 +367,7 @@ def hostile_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     return "hostile_fns"
 
 
+@pytest.mark.heavy
 def test_misbehaving_user_functions_score_zero_and_are_counted(hostile_module: str) -> None:
     texts = hostile_texts(seed=1)
     pool_texts = [t for v in texts.values() for t in v]
@@ -428,6 +429,7 @@ CODE_CASES = [
 CODE_TEST = "def check(candidate):\n    assert candidate(2) == 4\n"
 
 
+@pytest.mark.heavy
 def test_code_reward_survives_hostile_programs() -> None:
     from adarl.rewards.sandbox import sandbox_capabilities
 

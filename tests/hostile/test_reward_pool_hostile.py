@@ -38,7 +38,9 @@ from adarl.config import RewardConfig
 from adarl.rewards import Rewards
 from adarl.types import Group, Problem, Rollout
 
-TESTS = Path(__file__).resolve().parent
+pytestmark = pytest.mark.heavy
+
+TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS))  # workers import hostile_rewards by name
 
 
@@ -327,7 +329,7 @@ def test_user_code_cannot_write_to_the_controlling_terminal(marker: str) -> None
     def take_terminal() -> None:  # the child's controlling terminal is the pty, as in a shell
         fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
-    child = subprocess.Popen([sys.executable, "-c", TTY_CHILD.format(tests=str(TESTS), marker=marker)],
+    child = subprocess.Popen([sys.executable, "-c", TTY_CHILD.format(tests=str(TESTS / "hostile"), marker=marker)],
                              stdin=slave, stdout=slave, stderr=slave, start_new_session=True,
                              preexec_fn=take_terminal)
     os.close(slave)

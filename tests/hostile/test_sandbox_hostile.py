@@ -29,9 +29,10 @@ import pytest
 from adarl.rewards import code as code_reward
 from adarl.rewards.sandbox import SandboxResult, run_code, sandbox_capabilities
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the sandbox needs Linux")
+pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the sandbox needs Linux"),
+              pytest.mark.heavy]
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SECRET = "adarl-key-secret-" + uuid.uuid4().hex
 # add_key, request_key, keyctl, clone, clone3, socket: the cases call them by number
 SYSCALLS = {"x86_64": (248, 249, 250, 56, 435, 41), "aarch64": (217, 218, 219, 220, 435, 198)}

@@ -266,6 +266,7 @@ class NoRewards:
         self.scored += groups
 
 
+@pytest.mark.heavy
 def test_exchange_keeps_the_good_group_and_counts_the_hostile_ones(local_swarm):
     start = time.monotonic()
     tok = make_tiny_tokenizer()

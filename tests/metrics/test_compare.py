@@ -332,7 +332,8 @@ def test_keep_checkpoints_keeps_them(tmp_path):
 
 def _cli_compare(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     """`adarl compare ARGS` as a user runs it: its own process, 200 columns so no table title wraps."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]),
+    tests = Path(__file__).parents[1]  # the helpers recipes name (e2e_rewards, ...)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tests), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
     return subprocess.run([sys.executable, "-m", "adarl.cli", "compare", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=600)
@@ -340,7 +341,7 @@ def _cli_compare(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
 
 def test_compare_end_to_end_on_tiny_model(tiny_model_dir, tmp_path, monkeypatch):
     """`adarl compare` on two recipes, one seed, a 150-token budget, to its last line; a rerun skips the runs."""
-    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1]))
     from test_train import recipe_data, write_task
 
     task = write_task(tmp_path)
@@ -425,6 +426,7 @@ def test_cli_compare_checks_recipes_and_ray_before_running(tmp_path):
         assert result.exit_code == 2 and "ray" in result.output and not (tmp_path / "out").exists()
 
 
+@pytest.mark.heavy
 def test_runs_as_ray_tasks(tmp_path, monkeypatch):
     ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'adarl[ray]')")
     jobs = cmp.plan([_recipe_file(tmp_path, "a")], range(2), 500, tmp_path / "out")

@@ -21,7 +21,7 @@ from adarl.train.trainer import Trainer
 from conftest import hide_package
 from test_train import recipe_data, write_task
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).parents[1]
 
 
 # ---------------------------------------------------------------- the estimator, from samples

@@ -81,6 +81,7 @@ def test_entropy_collapse():
     assert health.entropy_collapse(rows(entropy=[1.0, 0.9, 0.8, 0.3, 0.1])) is None
 
 
+@pytest.mark.heavy
 def test_flags_reach_the_comparison_and_the_report(tmp_path):
     import adarl.comparison as comparison
     from adarl.report import render

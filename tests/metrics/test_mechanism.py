@@ -114,6 +114,7 @@ def _with_mechanism(run_dir, unseen: float, useful: float, shares: dict[str, flo
     config.write_text(yaml.safe_dump({**yaml.safe_load(config.read_text()), "select": {"name": "vade"}}))
 
 
+@pytest.mark.heavy
 def test_compare_and_the_report_show_the_mechanism(tmp_path) -> None:
     import adarl.comparison as comparison
     from adarl.report import render

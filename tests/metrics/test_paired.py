@@ -165,7 +165,7 @@ def test_default_eval_size_is_halved_on_a_small_file_and_recorded(tmp_path):
 
 def test_trainers_with_two_seeds_share_the_held_out_set_but_not_the_order(tiny_model_dir, tmp_path, monkeypatch):
     """The trainer's selector draws with the training seed; the problems come from the data seed."""
-    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1]))
     from adarl.train.trainer import Trainer
     from test_train import recipe_data, write_task
 

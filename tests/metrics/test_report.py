@@ -25,6 +25,8 @@ import pytest
 from adarl.report import COLORS, render, write_report
 from test_compare import write_comparison, write_run
 
+pytestmark = pytest.mark.heavy
+
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 INSTALL_LOCK = Path(tempfile.gettempdir()) / "adarl-chromium-install.lock"
 INSTALL_FAILED = Path(tempfile.gettempdir()) / "adarl-chromium-install.failed"

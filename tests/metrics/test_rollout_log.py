@@ -12,7 +12,7 @@ from test_train import recipe_data, write_task
 
 @pytest.fixture
 def tests_path(monkeypatch, tmp_path):
-    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parents[1]))
 
 
 def test_rollouts_logged_every_k_steps_and_shown_in_the_report(tiny_model_dir, tmp_path, tests_path):

@@ -26,7 +26,7 @@ MODES = {
 @pytest.fixture(params=sorted(MODES))
 def run(request, tiny_model_dir, tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path.parent))
-    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parents[1]))
     recipe = load_recipe(data=recipe_data(
         tiny_model_dir, write_task(tmp_path), **MODES[request.param],
         rewards=[{"type": "callable", "function": "e2e_rewards:slow_contains_a"}],

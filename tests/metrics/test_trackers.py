@@ -162,6 +162,7 @@ def test_names_and_params_flatten() -> None:
 # ----------------------------------------------------------------------------- W&B
 
 
+@pytest.mark.heavy
 def test_wandb_offline_gets_rows_recipe_and_report(tmp_path) -> None:
     run = tmp_path / "run"
     with MetricsWriter(run, tensorboard=False, trackers=["wandb"], config=recipe_dict()) as w:
@@ -189,6 +190,7 @@ def test_wandb_offline_gets_rows_recipe_and_report(tmp_path) -> None:
     assert artifact.type == "report" and [m.path for m in artifact.manifest.contents] == ["report.html"]
 
 
+@pytest.mark.heavy
 def test_wandb_project_setting(tmp_path) -> None:
     run = tmp_path / "run"
     with MetricsWriter(run, tensorboard=False, trackers=["wandb"], config=recipe_dict(project="arith")) as w:
@@ -241,6 +243,7 @@ def test_mlflow_store_path_setting(tmp_path) -> None:
 # ----------------------------------------------------------------------------- both, resume, failures
 
 
+@pytest.mark.heavy
 def test_resume_continues_the_same_runs(tmp_path) -> None:
     run = tmp_path / "run"
     config = recipe_dict()
@@ -328,7 +331,7 @@ def test_trainer_logs_every_row_and_the_report(tiny_model_dir, tmp_path, monkeyp
     from adarl.train.trainer import Trainer
     from test_train import recipe_data, write_task
 
-    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1]))
     data = recipe_data(tiny_model_dir, write_task(tmp_path), budget={"max_steps": 3, "prompts_per_step": 2},
                        allocate={"name": "fixed", "n": 3}, eval={"every": 0, "at_start": True},
                        log={"trackers": ["wandb", "mlflow"], "tensorboard": False, "progress": False})

@@ -26,13 +26,13 @@ from adarl.train.trainer import Trainer
 from adarl.types import Batch, Group, Problem, Rollout
 from test_train import recipe_data, write_task
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
 def tests_on_path(monkeypatch):
-    monkeypatch.syspath_prepend(str(Path(__file__).parent))
-    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1]))
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parents[1]))
 
 
 def test_auto_resolves_to_the_cpu_here_and_a_missing_gpu_is_one_clear_error():
@@ -127,6 +127,7 @@ def test_bf16_mixed_precision_trains_and_tracks_float32(tiny_model_dir, tmp_path
     assert abs(np.mean([r["reward"] for r in mixed[-3:]]) - np.mean([r["reward"] for r in full[-3:]])) < 0.15
 
 
+@pytest.mark.model
 def test_gpu_check_runs_at_its_smallest_setting_on_the_cpu(tmp_path):
     sections = "equality,trainer,shapes,profile" + (",vs_trl" if importlib.util.find_spec("trl") else "")
     out = tmp_path / "gpu_check.json"

@@ -113,7 +113,7 @@ def test_resolve_local_folder(tiny_model_dir: Path) -> None:
 def test_resolve_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(FileNotFoundError, match="not found.*alias.*gguf.*config.json.*Hub id"):
         resolve_model(str(tmp_path / "nope"))
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))  # empty: tests/test_hub.py fills one
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))  # empty: tests/models/test_hub.py fills one
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(FileNotFoundError, match="not in the Hugging Face cache .* HF_HUB_OFFLINE is set"):
         resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct")
@@ -236,6 +236,7 @@ def write_tiny_gguf(path: Path, seed: int = 0) -> dict[str, np.ndarray]:
     return hf
 
 
+@pytest.mark.model
 def test_gguf_converted_once_and_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ADARL_CACHE", str(tmp_path / "cache"))
     gguf_path = tmp_path / "src" / "tiny-test.gguf"

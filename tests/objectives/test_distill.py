@@ -55,6 +55,7 @@ def test_the_teacher_sees_the_privileged_context():
     assert DistillConfig(method="aopd").top_k == 32 and DistillConfig().top_k is None
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("method", ["sdar", "opd"])
 def test_the_learner_applies_the_distillation_gradient(method):
     model = tiny_model()
@@ -93,7 +94,7 @@ def test_distillation_trains_end_to_end_and_resumes(distill, tiny_model_dir, tmp
     from adarl.train.trainer import Trainer
     from test_train import recipe_data, write_task
 
-    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parents[1]))
     if distill["teacher"] == "MODEL":  # another model: a local HF folder (here the policy's own weights)
         distill = {**distill, "teacher": str(tiny_model_dir)}
     data = recipe_data(tiny_model_dir, write_task(tmp_path), budget={"max_steps": 2, "prompts_per_step": 2},

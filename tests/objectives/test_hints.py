@@ -51,6 +51,7 @@ def test_adhint_advantage_by_hand():
     np.testing.assert_allclose(adv[4:], 0.5 * np.array([1, 1, -1, -1]) * 0.5 / math.sqrt(1 / 3), rtol=1e-5)
 
 
+@pytest.mark.model
 def test_guide_ratio_is_over_the_hinted_behaviour():
     model = tiny_model()
     prompt, completion = [1, 2, 3], [6, 7, 8]
@@ -91,7 +92,7 @@ def test_the_hint_rung_trains_end_to_end(hints, advantage, tiny_model_dir, tmp_p
     from adarl.train.trainer import Trainer
     from test_train import recipe_data
 
-    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parents[1]))
     data = recipe_data(tiny_model_dir, write_hard_task(tmp_path), budget={"max_steps": 2, "prompts_per_step": 2},
                        rewards=[{"type": "short_answer"}], allocate={"name": "fixed", "n": 4}, hints=hints,
                        advantage={"name": advantage}, log={"tensorboard": False, "progress": False})
@@ -130,7 +131,7 @@ def test_the_ladder_is_logged_stored_and_drawn(tiny_model_dir, tmp_path, monkeyp
     from adarl.train.trainer import Trainer
     from test_train import recipe_data
 
-    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parents[1]))
     data = recipe_data(tiny_model_dir, write_hard_task(tmp_path), budget={"max_steps": 2, "prompts_per_step": 2},
                        rewards=[{"type": "short_answer"}], allocate={"name": "fixed", "n": 2},
                        hints={"name": "adhint"}, advantage={"name": "adhint"},
@@ -193,7 +194,7 @@ def test_xrpo_seeded_rollouts_replace_the_failed_group(tiny_model_dir, tmp_path,
     from adarl.train.trainer import Trainer
     from test_train import recipe_data
 
-    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parents[1]))
     data = recipe_data(tiny_model_dir, write_hard_task(tmp_path), budget={"max_steps": 2, "prompts_per_step": 2},
                        rewards=[{"type": "short_answer"}], allocate={"name": "fixed", "n": 4},
                        hints={"name": "xrpo", "k": 1}, log={"tensorboard": False, "progress": False})
@@ -226,7 +227,7 @@ def test_hint_rounds_are_timed_with_the_step_s_generation(tiny_model_dir, tmp_pa
     from adarl.train.trainer import Trainer
     from test_train import recipe_data
 
-    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parents[1]))
     data = recipe_data(tiny_model_dir, write_hard_task(tmp_path), budget={"max_steps": 1, "prompts_per_step": 2},
                        rewards=[{"type": "short_answer"}], allocate={"name": "fixed", "n": 2},
                        hints={"name": "guide", "source": "solution"}, log={"tensorboard": False, "progress": False})
@@ -252,7 +253,7 @@ def test_a_hinted_agent_rollout_keeps_the_agent_s_tools(tiny_model_dir, tmp_path
     from adarl.train.trainer import Trainer
     from test_train import recipe_data
 
-    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parents[1]))
     data = recipe_data(tiny_model_dir, write_hard_task(tmp_path), budget={"max_steps": 1, "prompts_per_step": 2},
                        rewards=[{"type": "short_answer"}], allocate={"name": "fixed", "n": 2},
                        rollout={"temperature": 1.0, "max_new_tokens": 8, "agent": {"max_turns": 1}},

@@ -15,7 +15,7 @@ from adarl.shaping.length_penalty import LengthPenalty
 from adarl.shaping.overlong import Overlong
 from adarl.types import Group, Problem, Rollout
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # pool workers import shaping_judges by name
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # pool workers import shaping_judges by name
 
 
 def group(pid: str, lengths: list[int], correct: list[int], texts: list[str] | None = None,

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TESTED_PAGES = ["getting-started/cpu.md", "getting-started/gpu.md", "getting-started/cluster.md", "recipes.md"]
 MARKER = "<!-- test -->"
 BLOCK = re.compile(r"^" + re.escape(MARKER) + r"\n```(\w+)\n(.*?)\n```", re.M | re.S)
@@ -43,6 +43,7 @@ def marked_blocks() -> list[tuple[str, int, str, str]]:
 BLOCKS = marked_blocks()
 
 
+@pytest.mark.heavy
 def test_the_docs_build_in_strict_mode(tmp_path):
     if importlib.util.find_spec("mkdocs") is None or importlib.util.find_spec("mkdocstrings") is None:
         pytest.skip("mkdocs is not installed (pip install -e '.[docs]')")

@@ -12,7 +12,7 @@ import pytest
 from adarl import __version__
 from adarl.config import RecipeError, builtin_recipe, builtin_recipes, load_recipe
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_version_is_printed():
@@ -55,6 +55,7 @@ def _source_copy(src: Path) -> None:
             (src / rel).write_bytes(path.read_bytes())
 
 
+@pytest.mark.heavy
 def test_the_wheel_ships_the_recipes(tmp_path):
     """pip builds the wheel from a copy of the source (no build isolation: setuptools is installed)."""
     src = tmp_path / "src"
@@ -71,6 +72,7 @@ def test_the_wheel_ships_the_recipes(tmp_path):
     assert {f"adarl/data/text_to_sql/{p.name}" for p in corpus.iterdir()} <= set(names)
 
 
+@pytest.mark.heavy
 def test_the_sdist_ships_the_recipes_and_the_package(tmp_path):
     """setuptools' own build backend makes the sdist; the recipes travel as files (the link is followed)."""
     import tarfile

@@ -22,7 +22,7 @@ from adarl.rewards import format as format_reward
 from adarl.rewards.short_answer import extract, match, parse_number
 from adarl.types import Group, Problem, Rollout
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # workers import reward_fns by name
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # workers import reward_fns by name
 import reward_fns  # noqa: E402
 
 
@@ -378,6 +378,7 @@ def test_format_only_rewards_define_correctness() -> None:
     np.testing.assert_array_equal(group.correct, [1.0, 0.0])
 
 
+@pytest.mark.heavy
 def test_timeouts_and_crashes_censor_errors_score_zero_and_all_are_counted() -> None:
     """A worker that timed out or crashed says nothing of the answer: its rollout is censored (left out of
     its group, never scored 0); a reward that raised scores the completion 0 (was: all three scored 0)."""

@@ -26,9 +26,10 @@ import pytest
 
 from adarl.rewards.sandbox import UID_BASE, SandboxResult, run_code, sandbox_capabilities
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the sandbox needs Linux")
+pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the sandbox needs Linux"),
+              pytest.mark.heavy]
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SECRET = "adarl-secret-" + uuid.uuid4().hex
 MARKER = "adarl-escape-marker-" + uuid.uuid4().hex  # in the argv of every process a case spawns
 

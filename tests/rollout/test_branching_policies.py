@@ -151,7 +151,7 @@ def test_tree_policies_train_end_to_end(branching, advantage, tiny_model_dir, tm
     from adarl.train.trainer import Trainer
     from test_train import recipe_data, write_task
 
-    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parents[1]))
     data = recipe_data(tiny_model_dir, write_task(tmp_path), budget={"max_steps": 2, "prompts_per_step": 2},
                        rollout={"temperature": 1.0, "max_new_tokens": 8, "branching": branching},
                        allocate={"name": "fixed", "n": 4}, advantage={"name": advantage},

@@ -93,7 +93,7 @@ def test_the_trainer_drops_what_its_reward_censored(tiny_model_dir, tmp_path, mo
     from adarl.train.trainer import Trainer
     from test_train import recipe_data
 
-    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parents[1]))
     task = tmp_path / "task.jsonl"
     task.write_text("".join(json.dumps({"prompt": f"Say a {i}", "answer": "a", "down": i % 2 == 0}) + "\n"
                             for i in range(12)))

@@ -51,7 +51,7 @@ def test_budget_sentences_train_end_to_end(tiny_model_dir, tmp_path, monkeypatch
     from adarl.train.trainer import Trainer
     from test_train import recipe_data, write_task
 
-    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parents[1]))
     data = recipe_data(tiny_model_dir, write_task(tmp_path), budget={"max_steps": 1, "prompts_per_step": 2},
                        rollout={"temperature": 1.0, "max_new_tokens": 8, "budget_sentences": {"budgets": [4, 8]}},
                        allocate={"name": "fixed", "n": 4}, shaping=[{"name": "hbpo", "max_len": 8}],

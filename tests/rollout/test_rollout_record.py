@@ -136,6 +136,7 @@ def reference_gradient(model, prompt: list[int], rollouts: list[Rollout], token_
     return grads
 
 
+@pytest.mark.model
 def test_the_update_trains_sampled_tokens_and_a_shared_prefix_once():
     model = tiny_model()
     prompt = [1, 2, 3]
@@ -162,7 +163,7 @@ def test_a_token_budgeted_run_gives_token_weightings_its_progress(tiny_model_dir
     from adarl.train.trainer import Trainer
     from test_train import recipe_data, write_task
 
-    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parents[1]))
     data = recipe_data(tiny_model_dir, write_task(tmp_path), budget={"max_steps": None, "max_tokens": 200,
                                                                      "prompts_per_step": 2},
                        tokens=[{"name": "high_entropy", "top": 0.5}], log={"tensorboard": False, "progress": False})

@@ -204,7 +204,7 @@ def test_trains_and_resumes_with_vllm(scheduler, tiny_model_dir, tmp_path, monke
     _vllm()
     from adarl.train.trainer import Trainer
 
-    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1]))
     from test_train import recipe_data, write_task
 
     data = recipe_data(
@@ -234,7 +234,7 @@ def test_the_default_backend_is_vllm_where_it_is_installed(tiny_model_dir, tmp_p
     _vllm()
     from adarl.train.trainer import Trainer
 
-    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1]))
     from test_train import recipe_data, write_task
 
     monkeypatch.delenv("ADARL_AUTO_BACKEND", raising=False)
@@ -268,7 +268,7 @@ def test_features_auto_sends_to_vllm_train_there(feature, tiny_model_dir, tmp_pa
     _vllm()
     from adarl.train.trainer import Trainer
 
-    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1]))
     from test_hints import write_hard_task
     from test_train import recipe_data
 
@@ -319,7 +319,7 @@ def test_eval_with_vllm_matches_hf_greedy(tiny_model_dir, tmp_path, monkeypatch)
     _vllm()
     from adarl import evaluate as ev
 
-    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1]))
     from test_train import recipe_data, write_task
 
     rollout = {"max_new_tokens": 8, "vllm": {"kv_cache_gib": 1.0}}

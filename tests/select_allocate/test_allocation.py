@@ -99,7 +99,7 @@ ALLOCATORS = [
 @given(spec=st.sampled_from(ALLOCATORS), limit=st.integers(1, 200), k=st.integers(1, 8),
        seed=st.integers(0, 10_000))
 def test_allocators_never_exceed_the_step_rollouts(spec, limit, k, seed):
-    """The rollout bound, allocator by allocator (tests/test_budget.py checks both bounds through the
+    """The rollout bound, allocator by allocator (tests/rollout/test_budget.py checks both bounds through the
     scheduler in every mode: the token bound needs the generator's hard cap)."""
     rng = np.random.default_rng(seed)
     ids = [f"p{i}" for i in range(40)]

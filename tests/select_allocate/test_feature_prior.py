@@ -132,7 +132,7 @@ def test_a_run_with_it_logs_what_it_fitted(tiny_model_dir, tmp_path, monkeypatch
     from adarl.train.trainer import Trainer
     from test_train import recipe_data, write_task
 
-    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1]))
     recipe = load_recipe(data=recipe_data(tiny_model_dir, write_task(tmp_path), select={"name": "feature_prior"},
                                           budget={"max_steps": 2, "prompts_per_step": 4},
                                           log={"tensorboard": False}))

@@ -104,7 +104,7 @@ def test_pilot_commit_trains_through_the_trainer(tiny_model_dir, tmp_path, monke
     from adarl.train.trainer import Trainer
     from test_train import recipe_data, write_task
 
-    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parents[1]))
     data = recipe_data(tiny_model_dir, write_task(tmp_path), budget={"max_steps": 3, "prompts_per_step": 2},
                        log={"tensorboard": False, "progress": False})
     data["allocate"] = {"name": "pilot_commit", "pilot_n": 2, "commit_n": 2, "p_lo": 0.0, "p_up": 0.0}

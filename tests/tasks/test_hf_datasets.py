@@ -198,7 +198,7 @@ def test_a_mapping_to_no_column_names_the_columns(tmp_path) -> None:
 
 
 def test_datasets_never_reaches_the_network(tmp_path, monkeypatch) -> None:
-    # a Hub id is read from the hub cache (tests/test_hub.py); not cached and offline, it is an error
+    # a Hub id is read from the hub cache (tests/models/test_hub.py); not cached and offline, it is an error
     with pytest.raises(ValueError, match="task.path 'openai/gsm8k': this Hub dataset is not in the Hugging Face cache"):
         build_task(hf(Path("openai/gsm8k")))
     with pytest.raises(ValueError, match="task data not found: nowhere/a/b .*or a Hub dataset id"):

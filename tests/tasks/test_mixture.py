@@ -14,7 +14,7 @@ from adarl.tasks import build_task
 from adarl.tasks.mixture import pass1_by_share
 from adarl.types import Problem
 
-RECIPES = Path(__file__).resolve().parent.parent / "recipes"
+RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 ONE_DIGIT_PLUS = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1, "operators": ["+"],
                   "allow_parentheses": False}
 ONE_DIGIT_ANY = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
@@ -102,7 +102,7 @@ def test_evaluation_reports_pass1_per_share(tiny_model_dir, tmp_path, monkeypatc
     from adarl.train.trainer import Trainer
     from test_train import recipe_data, write_task
 
-    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1]))
     data = recipe_data(tiny_model_dir, write_task(tmp_path), rewards=[{"type": "short_answer"}])
     small = mixture()
     for share in small["mixture"]:

@@ -23,7 +23,7 @@ from adarl.tasks import build_task
 from adarl.tasks.text_to_sql import questions
 from adarl.tasks.text_to_sql_corpus import PER_TEMPLATE, write
 
-DATA = Path(__file__).resolve().parents[1] / "src" / "adarl" / "data" / "text_to_sql"
+DATA = Path(__file__).resolve().parents[2] / "src" / "adarl" / "data" / "text_to_sql"
 
 
 def tables(db: str) -> dict[str, list[tuple]]:

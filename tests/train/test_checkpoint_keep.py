@@ -10,7 +10,7 @@ from test_train import recipe_data, write_task
 
 @pytest.mark.parametrize("keep_final,left", [(None, [3]), (0, []), (2, [2, 3])])
 def test_checkpoints_pruned_once_final_is_written(tiny_model_dir, tmp_path, monkeypatch, keep_final, left):
-    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parents[1]))
     ckpt = {"every": 1, "keep": 3} | ({} if keep_final is None else {"keep_final": keep_final})
     recipe = load_recipe(data=recipe_data(tiny_model_dir, write_task(tmp_path), budget={"max_steps": 3},
                                           checkpoint=ckpt, log={"tensorboard": False, "progress": False}))

@@ -36,7 +36,7 @@ from adarl.config import load_recipe, resolve_backend
 from adarl.metrics.step import TIMING_KEYS
 from adarl.train import checkpoint
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 STEPS = 8
 EVAL_EVERY = 4
 KEEP = 2
@@ -110,7 +110,7 @@ def plan(rng: random.Random) -> list[tuple[str, int, float]]:
 
 
 def cli(args: list[str], kill: str | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1]), "OMP_NUM_THREADS": "1"}
     env.pop("ADARL_TEST_KILL", None)
     if kill:
         env["ADARL_TEST_KILL"] = kill

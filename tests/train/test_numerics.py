@@ -22,8 +22,8 @@ from test_train import recipe_data, write_task
 
 @pytest.fixture
 def tests_on_path(monkeypatch):
-    monkeypatch.syspath_prepend(str(Path(__file__).parent))
-    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1]))
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parents[1]))
 
 
 class PoisonLoss:

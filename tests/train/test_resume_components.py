@@ -27,7 +27,7 @@ from adarl.train.loop import state_of
 from adarl.train.trainer import Trainer
 from test_train import recipe_data, write_task
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ZOO = {"rollout": {"temperature": 1.0, "max_new_tokens": 8}}
 WALK = {
     "uniform+fixed+rloo+overlong+d3s+hapo": dict(
@@ -116,7 +116,7 @@ def rows(run: Path) -> list[dict]:
 
 @pytest.mark.parametrize("name", list(WALK))
 def test_component_state_resumes_exactly(name, tiny_model_dir, tmp_path, monkeypatch):
-    tests = Path(__file__).parent
+    tests = Path(__file__).parents[1]
     monkeypatch.syspath_prepend(str(tests))
     task = write_task(tmp_path)
     straight = Trainer(load_recipe(data=_recipe(tiny_model_dir, task, name, 4)), tmp_path / "straight")

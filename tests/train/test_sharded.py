@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-SCRIPT = Path(__file__).with_name("sharded_update.py")
+SCRIPT = Path(__file__).parents[1] / "sharded_update.py"
 AGGS = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 
 
@@ -98,7 +98,7 @@ def test_torchrun_train_drives_the_ranks_from_rank_0(tiny_model_dir, tmp_path, m
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(yaml.safe_dump(data))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE",
-           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")])}
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "adarl.cli"]
 
     def cli(*args: str, head=(sys.executable, "-m", "adarl.cli")) -> str:

@@ -20,7 +20,7 @@ from test_train import recipe_data, write_task
 
 @pytest.fixture
 def trainer_and_batch(tiny_model_dir, tmp_path, monkeypatch):
-    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parents[1]))
 
     def make(**over):
         data = recipe_data(tiny_model_dir, write_task(tmp_path), log={"tensorboard": False, "progress": False},
