@@ -28,11 +28,13 @@ $(STAMP): pyproject.toml constraints.txt
 demo: setup
 	$(VENV)/bin/adarl train recipes/quickstart.yaml --run-dir runs/quickstart-$(shell date +%Y%m%d-%H%M%S)
 
+# the whole suite (what .ci/run runs); test-fast leaves out what builds a model or waits on processes
+# (the markers: tests/conftest.py), in under 3 minutes on 2 cores
 test: setup
 	$(PY) -m pytest -q -ra
 
 test-fast: setup
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow and not model and not heavy"
 
 lint: setup
 	$(VENV)/bin/ruff check src tests bench

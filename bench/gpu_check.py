@@ -1,7 +1,7 @@
 """The GPU check (issue 33): one prepared script for a lent GPU machine, under 8 minutes, one JSON file.
 
     python3 bench/gpu_check.py --out $OUT/gpu_check.json                       # the GPU machine
-    .venv/bin/python bench/gpu_check.py --device cpu --quick --out /tmp/g.json   # here (tests/test_gpu_check.py)
+    .venv/bin/python bench/gpu_check.py --device cpu --quick --out /tmp/g.json   # here (tests/models/test_device.py)
 
 The GPU machine has torch with CUDA, transformers, peft and accelerate, no network and no model files;
 pydantic, TRL and datasets travel as wheels (`.whl/`, see the README's GPU section). Every model is built

@@ -4,7 +4,7 @@ A method is the sections of its recipe that make it one: selection, allocation, 
 shaping, hints, distillation, branching and the prompts a step draws. `method_overrides` reads those
 sections from `recipes/<file>.yaml` and returns them as `key=value` overrides of whatever base recipe a
 benchmark trains (the quickstart unless `--recipe`), so a benchmark runs exactly the recipe a user runs,
-at the benchmark's budget. `tests/test_bench.py` checks that every method resolves to the sections the
+at the benchmark's budget. `tests/benchmarks/test_bench.py` checks that every method resolves to the sections the
 committed results were produced with.
 """
 

@@ -2,7 +2,7 @@
 
 Each setting trains the quickstart (SmolLM2-135M) for `--steps` steps from the same seed in its own
 process, so every process's peak resident set (VmHWM) is its own. The update is the same at
-every setting (tests/test_trainer_update.py: the micro-batch split does not change it). The
+every setting (tests/train/test_trainer_update.py: the micro-batch split does not change it). The
 settings run in turn, `--rounds` times, so a slow moment of the machine falls on each of them.
 
     .venv/bin/python bench/micro_batch.py [--sizes 2048,1024,512] [--steps 2] [--rounds 2]

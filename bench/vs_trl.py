@@ -6,7 +6,7 @@ Run (CPU, a few minutes at the defaults)::
                                      [--threads T] [--model PATH] [--out result.json]
 
 ``--smoke --model TINY`` is the smallest run through every part (2 steps, the first a warm-up, of
-2 prompts × 2 completions of up to 8 tokens each side): tests/test_bench.py runs it on a tiny
+2 prompts × 2 completions of up to 8 tokens each side): tests/benchmarks/test_bench.py runs it on a tiny
 random model. Its times mean nothing.
 
 Both trainers run in this one process, adarl first, then TRL (``trl==1.16.0``, the ``bench``

@@ -4,20 +4,45 @@
 tokenizer with chat template) that `adarl.models.load_model` loads like any local model; the
 session fixture `tiny_model_dir` builds one per test session. Other tests can import the
 function (`from conftest import make_tiny_model_dir`) to build variants.
+
+The layout (docs/contributing.md): the tests live in folders that mirror the stages (config/, tasks/,
+rewards/, rollout/, agents/, select_allocate/, objectives/, train/, cluster/, metrics/, models/) plus
+e2e/, hostile/, benchmarks/ and packaging_docs/; this folder keeps only the helpers that recipes, reward
+workers and subprocesses import by name (e2e_rewards, reward_fns, hostile_rewards, ...: `TESTS` on their
+PYTHONPATH). Every folder is put on sys.path here, so a test imports another by its basename
+(`from test_train import recipe_data`) wherever either lives; basenames stay unique.
+
+Markers: `slow` touches the real SmolLM2 model; `model` builds a model (the tiny one or SmolLM2); `heavy`
+starts processes and waits on them (sandboxes, reward worker pools, Ray, Chromium, wandb, a wheel or docs
+build). A test gets `model` automatically when it uses a fixture in `MODEL_FIXTURES` (directly or through
+another fixture) or is `slow`; a test that builds a model otherwise, or is heavy, says so
+(`pytestmark = pytest.mark.heavy` for a file, `@pytest.mark.model` for a test). `make test-fast` leaves all
+three out (the formulas, config, parsers, tasks and hostile inputs stay); `make test` runs everything.
 """
 
 from __future__ import annotations
 
 import os
 import string
+import sys
 from pathlib import Path
 
 import pytest
 
+#: the tests' root (this folder) and the repository
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+for _folder in [TESTS, *sorted(p for p in TESTS.iterdir() if p.is_dir() and any(p.glob("test_*.py")))]:
+    if str(_folder) not in sys.path:
+        sys.path.insert(0, str(_folder))
+
+#: fixtures that build a model: a test using one (even through another fixture) is marked `model`
+MODEL_FIXTURES = frozenset({"tiny_model_dir", "fence_model_dir"})
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # vLLM is in the default install, so `rollout.backend: auto` would start an engine in every trainer test;
-# tests of the vllm backend name it (tests/test_vllm.py, which also tests `auto` without this setting)
+# tests of the vllm backend name it (tests/rollout/test_vllm.py, which also tests `auto` without this setting)
 os.environ.setdefault("ADARL_AUTO_BACKEND", "hf")
 
 #: characters the tiny tokenizer knows, one token each
@@ -92,3 +117,10 @@ def hide_package(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny local HF model folder, built once per session (treat it as read-only)."""
     return make_tiny_model_dir(tmp_path_factory.mktemp("tiny_model"))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark `model` every test that uses a model-building fixture or is `slow` (see the module docstring)."""
+    for item in items:
+        if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())) or item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.model)

@@ -1,4 +1,4 @@
-"""Reward functions that attack the reward worker pool itself (for tests/test_reward_pool_hostile.py).
+"""Reward functions that attack the reward worker pool itself (for tests/hostile/test_reward_pool_hostile.py).
 
 Workers import them by reference, so they live at module level. Dataset columns carry their
 parameters: `marker` is a string the test looks for in the command lines of leftover processes,

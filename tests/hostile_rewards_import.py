@@ -1,5 +1,5 @@
 """A reward module whose import misbehaves as ``$ADARL_TEST_IMPORT_MODE`` says (for
-tests/test_reward_pool_hostile.py): exit, hang, die by a signal, raise, print, leave a process
+tests/hostile/test_reward_pool_hostile.py): exit, hang, die by a signal, raise, print, leave a process
 behind, or patch scorers of the process importing it."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Module-level functions for tests/test_rewards.py (workers import them by reference)."""
+"""Module-level functions for tests/rewards/test_rewards.py (workers import them by reference)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Module-level FAPO judges for tests/test_shaping.py (pool workers import them by reference)."""
+"""Module-level FAPO judges for tests/objectives/test_shaping.py (pool workers import them by reference)."""
 
 from __future__ import annotations
 

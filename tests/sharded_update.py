@@ -4,7 +4,7 @@
     python -m torch.distributed.run --nproc-per-node 2 tests/sharded_update.py ... --parallel fsdp2
 
 Step s trains on batch s (seeded by s), so a run resumed from a checkpoint sees the same batches.
-Rank 0 writes the full weights after the last step to OUT.pt (tests/test_sharded.py compares them).
+Rank 0 writes the full weights after the last step to OUT.pt (tests/train/test_sharded.py compares them).
 """
 
 from __future__ import annotations

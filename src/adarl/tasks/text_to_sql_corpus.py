@@ -11,7 +11,7 @@ answer. Per template, at most PER_TEMPLATE instances are kept, and of those ever
 seeded order) is held out (`split: held_out`): the held-out set is other instances of the training
 templates, on the same schemas (tasks/text_to_sql.py can hold out a whole database instead).
 
-tests/test_text_to_sql.py regenerates the corpus and checks that the shipped files are its output.
+tests/tasks/test_text_to_sql.py regenerates the corpus and checks that the shipped files are its output.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ a crash while pruning never leaves a half-deleted `step_N/` that looks complete.
 write-then-rename scheme serves `final/` (`save_dir`) and small files such as `config.yaml`
 (`atomic_write_text`).
 
-`crash_point` is a test-only hook (see tests/test_crash.py): with ``ADARL_TEST_KILL`` unset it
+`crash_point` is a test-only hook (see tests/train/test_crash.py): with ``ADARL_TEST_KILL`` unset it
 does nothing.
 """
 

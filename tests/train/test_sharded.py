@@ -1,0 +1,146 @@
+"""The FSDP2 learner (train/sharded.py) on real gloo ranks: 2 ranks train as 1 process does.
+
+Each case launches tests/sharded_update.py as `python -m torch.distributed.run --standalone` (a free
+port) or as one plain process, on the tiny model in float32, three updates on fixed synthetic
+batches, and compares the full weights (and the gradient norms: Adam is nearly blind to a gradient
+scaled by a constant, such as FSDP's average over ranks left uncorrected, but the norm is not).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+SCRIPT = Path(__file__).parents[1] / "sharded_update.py"
+AGGS = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+
+
+def launch(model_dir: Path, out: Path, *args: str, ranks: int = 2) -> dict:
+    """Run the script on `ranks` FSDP2 ranks (0: one plain process, the single-process learner)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
+    head = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"] \
+        if ranks else [sys.executable]
+    tail = ["--parallel", "fsdp2"] if ranks else []
+    done = subprocess.run([*head, str(SCRIPT), str(model_dir), str(out), *args, *tail], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return torch.load(out, weights_only=False)
+
+
+def max_difference(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[n] - b[n]).abs().max()) for n in a)
+
+
+@pytest.fixture(scope="module")
+def one_and_two(tiny_model_dir, tmp_path_factory):
+    """Every agg mode, micro-batches of 40 padded tokens (3-5 per update and rank: gradient accumulation),
+    one process and 2 ranks; plus, on 2 ranks, token-mean normalised per rank (a bug the check must catch)."""
+    tmp = tmp_path_factory.mktemp("sharded")
+    common = ["--micro-batch-tokens", "40", "--steps", "3"]
+    one = launch(tiny_model_dir, tmp / "one.pt", *common, "--agg", ",".join(AGGS), ranks=0)
+    two = launch(tiny_model_dir, tmp / "two.pt", *common, "--agg", ",".join([*AGGS, "token-mean+per-rank-normaliser"]))
+    return one, two
+
+
+@pytest.mark.parametrize("agg", AGGS)
+def test_two_ranks_train_as_one_process(one_and_two, agg):
+    one, two = one_and_two
+    assert max_difference(one[agg]["weights"], two[agg]["weights"]) < 1e-5
+    torch.testing.assert_close(torch.tensor(two[agg]["grad_norm"]), torch.tensor(one[agg]["grad_norm"]),
+                               rtol=1e-5, atol=0)
+
+
+def test_a_per_rank_normaliser_is_caught(one_and_two):
+    # each rank's share weighed as if it were the mini-batch: w_i = 1/T_rank instead of 1/T
+    one, two = one_and_two
+    bad = two["token-mean+per-rank-normaliser"]
+    assert max_difference(one["token-mean"]["weights"], bad["weights"]) > 1e-4
+    assert bad["grad_norm"][0] > 1.5 * one["token-mean"]["grad_norm"][0]
+
+
+def test_sharded_checkpoint_resumes_exactly(tiny_model_dir, tmp_path):
+    """2 ranks: 3 updates straight, or 1 update, a sharded checkpoint, and a resume for the other 2 (two
+    mini-batches an update: the ℓ_old pass and the learner's RNG are in play). The resume is exact on 2
+    ranks; on 1 process the checkpoint loads to the same weights, re-sharded, and trains on alike."""
+    ckpt = tmp_path / "ckpt"
+    common = ["--micro-batch-tokens", "40", "--mini-batches", "2", "--steps", "3"]
+    straight = launch(tiny_model_dir, tmp_path / "straight.pt", *common, "--save-after", "1",
+                      "--checkpoint", str(ckpt))["token-mean"]
+    resumed = launch(tiny_model_dir, tmp_path / "resumed.pt", *common, "--resume", "--checkpoint", str(ckpt))
+    assert max_difference(straight["weights"], resumed["token-mean"]["weights"]) == 0.0
+    loaded = launch(tiny_model_dir, tmp_path / "loaded.pt", "--steps", "1", "--resume", "--checkpoint", str(ckpt),
+                    ranks=0)["token-mean"]  # the checkpoint in one process, no update after it
+    assert max_difference(straight["saved_weights"], loaded["weights"]) == 0.0
+    on_one = launch(tiny_model_dir, tmp_path / "on_one.pt", *common, "--resume", "--checkpoint", str(ckpt),
+                    ranks=0)["token-mean"]
+    assert max_difference(straight["weights"], on_one["weights"]) < 1e-5
+
+
+def test_torchrun_train_drives_the_ranks_from_rank_0(tiny_model_dir, tmp_path, monkeypatch):
+    """`torchrun --nproc-per-node 2 -m adarl.cli train` against one process on the same recipe: rank 0
+    generates from the published weights (step 2 samples the same rollouts), final/ is a plain HF folder
+    with the same weights, the sharded checkpoint resumes; rank 1 writes nothing."""
+    import json
+
+    import yaml
+    from transformers import AutoModelForCausalLM
+
+    from test_train import recipe_data, write_task
+
+    data = recipe_data(tiny_model_dir, write_task(tmp_path), budget={"max_steps": 2, "prompts_per_step": 2},
+                       train={"lr": 1e-3}, checkpoint={"every": 1}, log={"tensorboard": False, "progress": False})
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(data))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE",
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")])}
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "adarl.cli"]
+
+    def cli(*args: str, head=(sys.executable, "-m", "adarl.cli")) -> str:
+        done = subprocess.run([*head, "train", *args], env=env, capture_output=True, text=True, timeout=600,
+                              cwd=tmp_path)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stderr
+
+    cli(str(recipe), "--run-dir", str(tmp_path / "one"))
+    cli(str(recipe), "train.parallel=fsdp2", "--run-dir", str(tmp_path / "two"), head=torchrun)
+    rows = {name: [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+            for name in ("one", "two")}
+    assert [r["step"] for r in rows["two"]] == [1, 2]
+    for a, b in zip(rows["one"], rows["two"], strict=True):  # the same rollouts, rewards and update
+        assert a["reward"] == b["reward"] and a["tokens"] == b["tokens"]
+        assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-5 * a["grad_norm"]
+    one, two = (AutoModelForCausalLM.from_pretrained(tmp_path / name / "final").state_dict() for name in ("one", "two"))
+    assert max_difference(one, two) < 1e-5
+    assert (tmp_path / "two" / "checkpoints" / "step_000002" / "sharded" / ".metadata").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["one", "prompts.jsonl", "recipe.yaml", "two"]
+    log = cli("--resume", str(tmp_path / "two"), "budget.max_steps=3", head=torchrun)
+    assert "from step 2" in log
+    assert [json.loads(line)["step"] for line in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()] \
+        == [1, 2, 3]
+
+
+def test_rollouts_are_split_by_tokens():
+    from adarl.train.sharded import split_by_tokens
+
+    # longest first, each to the lighter share: 9→r0, 7→r1, 5→r1 (7 < 9), 4→r0 (9 < 12), 3→r1 (12 < 13)
+    lengths = [5, 9, 3, 7, 4]
+    assert split_by_tokens([0, 1, 2, 3, 4], lengths, 2) == [[1, 4], [0, 2, 3]]  # 13 and 15 tokens
+    assert split_by_tokens([2], lengths, 2) == [[2], []]  # a rank may get nothing (it runs idle passes)
+
+
+def test_fsdp2_refuses_what_it_does_not_shard(tiny_model_dir, tmp_path):
+    from adarl.config import RecipeError, load_recipe
+    from test_train import recipe_data, write_task
+
+    data = recipe_data(tiny_model_dir, write_task(tmp_path), train={"parallel": "fsdp2"},
+                       model={"path": str(tiny_model_dir), "lora": {"r": 4}})
+    with pytest.raises(RecipeError, match="fsdp2 does not shard LoRA"):
+        load_recipe(data=data)
+    with pytest.raises(RecipeError, match="cpu_offload offloads FSDP2 shards"):
+        load_recipe(data=recipe_data(tiny_model_dir, write_task(tmp_path), train={"cpu_offload": True}))
