@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import tempfile
@@ -48,10 +49,13 @@ class Turns:
         return f"{len(action)} characters", 0.0, self.turns >= 2, {}
 
 
-def run(name: str, steps: int, root: Path) -> list[dict]:
+def run(name: str, steps: int, root: Path, model: str | None = None) -> list[dict]:
     from adarl import api
 
     overrides = {**SMALL, **PER_RECIPE.get(name, {}), "budget.max_steps": steps}
+    if model is not None:  # and a graded reward the random model earns: its updates are not all zero
+        overrides["model.path"] = model
+        overrides["rewards"] = [{"type": "callable", "function": "e2e_rewards:fraction_of_a"}]
     if name != "vade+dars":
         overrides["allocate.n"] = 4
     api.train(RECIPES[name], run_dir=root / name.replace("+", "_"), overrides=overrides)
@@ -65,11 +69,21 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--only", nargs="*", default=list(RECIPES))
     ap.add_argument("--against", help="a previous --out to compare with")
+    ap.add_argument("--tiny", action="store_true",
+                    help="the test suite's tiny random model instead of SmolLM2 (seconds a step on a busy CPU)")
     args = ap.parse_args()
     result: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory() as tmp:
+        model = None
+        if args.tiny:
+            tests = str(Path(__file__).resolve().parents[1] / "tests")
+            sys.path.insert(0, tests)
+            os.environ["PYTHONPATH"] = os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")])  # reward workers
+            from conftest import make_tiny_model_dir
+
+            model = str(make_tiny_model_dir(Path(tmp) / "tiny"))
         for name in args.only:
-            result[name] = run(name, args.steps, Path(tmp))
+            result[name] = run(name, args.steps, Path(tmp), model)
             Path(args.out).write_text(json.dumps(result, indent=1))  # finished runs kept as they go
             print(f"{name}: {len(result[name])} rows", flush=True)
     if not args.against:

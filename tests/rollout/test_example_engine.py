@@ -19,7 +19,7 @@ from adarl.rollout.hf import HfGenerator
 from adarl.rollout.scheduler import SchedulerConfig
 from adarl.types import Request
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "docs" / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples"
 ENGINE = "plain_engine:PlainSampler"
 CFG = RolloutConfig(backend=ENGINE, max_new_tokens=12, temperature=1.0)
 
