@@ -206,7 +206,7 @@ DATA: list[DataCase] = [
      ["line 3: id field 'id' (task.fields.id) must be a string or an integer, got list"]),
     ("non-utf8-bytes", [*rows(1), b'{"prompt": "caf\xe9"}', *rows(1)], {}, ["line 2: not valid UTF-8"]),
     ("latin1-file", [b'{"prompt": "\xfcber"}'], {}, ["line 1: not valid UTF-8"]),
-    ("deeply-nested", [*rows(1), "[" * 100_000], {}, ["line 2: not valid JSON"]),
+    ("deeply-nested", [*rows(1), "[" * 100_000], {}, ["line 2: JSON nested more than 64 levels deep (column 65)"]),
     ("huge-broken-line", [*rows(1), '{"prompt": "' + HUGE], {}, ["line 2: not valid JSON", "..."]),
     ("duplicate-only", [{"prompt": "same"}] * 30, {"eval_size": 2},
      ["task.eval_size is 2 but the file has only 1 distinct problems"]),

@@ -81,7 +81,7 @@ def test_a_missing_module_is_named():
 
 
 def test_not_an_import_path_lists_the_built_ins():
-    with pytest.raises(ValueError, match=r"'calculatr': not a built-in \(calculator, sql, search\)"):
+    with pytest.raises(ValueError, match=r"'calculatr': not a built-in \(calculator, sql, search, python, text_to_sql\)"):
         validate_environment("calculatr")
 
 

@@ -4,7 +4,7 @@ with bounds before use, dropped and counted when it breaks it, and `exchange()` 
 The outside tester's peers sent float or nested token ids (which then raised out of `exchange()`),
 a dict as the problem, log-probs that do not match the tokens, unknown span roles, 2-million-token
 prompts and 100,000-rollout groups. The schema cases call `Swarm.check_group` on a member built
-without Ray (each well under 0.5 s); the last case publishes hostile payloads through a real swarm
+without Ray (each well under 0.5 s quiet, capped at 2 s); the last case publishes hostile payloads through a real swarm
 queue on a private Ray and asserts `exchange()` keeps the one good group and counts the rest
 (under 60 s, most of it Ray's start).
 """
@@ -24,7 +24,7 @@ from adarl.types import Group, Problem, Rollout, Span
 from conftest import make_tiny_tokenizer
 
 VOCAB = 100
-CAP_S = 0.5
+CAP_S = 2.0  # each case takes well under 0.5 s on a quiet machine; the margin is for a loaded one
 
 
 class Tok:
