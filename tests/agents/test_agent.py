@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from adarl.rollout.agent import AgentGenerator, EnvironmentFailure, parse_tool_call, tool_schemas
+from adarl.rollout.base import Wrapper
 from adarl.rollout.tools import Calculator, safe_arithmetic
 from adarl.types import Problem, Request, Rollout
 from conftest import make_tiny_tokenizer
@@ -173,19 +174,26 @@ def test_tool_schema_from_type_hints_and_docstring():
     assert parse_tool_call("no call") == []
 
 
-class FirstTurnCalls:
-    """Wraps the real generator: a first turn is a scripted calculator call, later turns are sampled."""
-    def __init__(self, inner, expression: str = "6*7"):
-        self.inner, self.text = inner, CALL % expression
+class FirstTurnWrites(Wrapper):
+    """Wraps the real generator (the contract's Wrapper): a first turn is the scripted `text`, later turns
+    are sampled."""
 
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
+    def __init__(self, inner, text: str):
+        super().__init__(inner)
+        self.text = text
 
     def generate(self, requests, greedy=False, max_new_tokens=None, stop_when=None, keys=None, max_tokens=None):
         if requests[0].prefix_ids:  # continuing after a tool turn
-            return self.inner.generate(requests, greedy, max_new_tokens, stop_when, keys, max_tokens)
-        ids = self.inner.tokenizer.encode(self.text, add_special_tokens=False)
+            return self.generator.generate(requests, greedy, max_new_tokens, stop_when, keys, max_tokens)
+        ids = self.generator.tokenizer.encode(self.text, add_special_tokens=False)
         return [Rollout(r.prompt_id, ids, [-1.0] * len(ids), "stop") for r in requests for _ in range(r.n)]
+
+
+class FirstTurnCalls(FirstTurnWrites):
+    """A first turn that is a scripted calculator call."""
+
+    def __init__(self, inner, expression: str = "6*7"):
+        super().__init__(inner, CALL % expression)
 
 
 def test_agent_trajectories_train_end_to_end(tiny_model_dir, tmp_path, monkeypatch):

@@ -6,9 +6,6 @@ every style. Each trains end to end with the tiny model."""
 from __future__ import annotations
 
 import json
-import socket
-import threading
-import time
 
 import pytest
 
@@ -177,7 +174,6 @@ def test_trl_multi_tool_environment_shows_its_reset_text_and_trains(tiny_model_d
 # ------------------------------------------------------------------ an OpenEnv server, its task only at reset
 
 openenv = pytest.importorskip("openenv.core")
-from openenv.core.env_server import create_app  # noqa: E402
 from openenv.core.env_server.interfaces import Environment  # noqa: E402
 from openenv.core.env_server.types import Action, Observation, State  # noqa: E402
 
@@ -215,23 +211,10 @@ class SayTheWord(Environment):
 
 @pytest.fixture(scope="module")
 def say_server():
-    import uvicorn
+    from test_openenv import serving
 
-    app = create_app(SayTheWord, SayAction, SayObservation, env_name="say", max_concurrent_envs=16)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    for _ in range(200):
-        if srv.started:
-            break
-        time.sleep(0.05)
-    assert srv.started
-    yield f"http://127.0.0.1:{port}"
-    srv.should_exit = True
-    thread.join(timeout=10)
+    with serving(SayTheWord, SayAction, SayObservation, "say") as url:
+        yield url
 
 
 def test_an_openenv_task_stated_only_at_reset_reaches_the_prompt_and_trains(say_server, tiny_model_dir, tmp_path,

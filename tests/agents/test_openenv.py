@@ -4,6 +4,7 @@ trajectory, an unreachable server censors, and a partial trajectory resumes by r
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -63,11 +64,12 @@ class GuessNumber(Environment):
         return self._state
 
 
-@pytest.fixture(scope="module")
-def server():
+@contextlib.contextmanager
+def serving(env_class, action, observation, name: str):
+    """An OpenEnv server of `env_class` on a free loopback port, in a thread; its URL."""
     import uvicorn
 
-    app = create_app(GuessNumber, GuessAction, GuessObservation, env_name="guess", max_concurrent_envs=16)
+    app = create_app(env_class, action, observation, env_name=name, max_concurrent_envs=16)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -82,6 +84,12 @@ def server():
     yield f"http://127.0.0.1:{port}"
     srv.should_exit = True
     thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def server():
+    with serving(GuessNumber, GuessAction, GuessObservation, "guess") as url:
+        yield url
 
 
 SCRIPTS = {0: ["I guess 5.", "Then 9.", "So 8."], 1: ["Maybe 1.", "Ok 2.", "And 3."], 2: ["hm", "4", "7"],

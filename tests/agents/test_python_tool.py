@@ -284,27 +284,11 @@ def test_compute_kinds_are_checked():
         compute(TaskConfig(source="compute", size=4, eval_size=0, params={"kinds": ["sqrt"]}))
 
 
-class FirstTurnCodes:
-    """Wraps the real generator: a first turn is a scripted python block, later turns are sampled."""
-    def __init__(self, inner, code: str):
-        self.inner, self.text = inner, f"```python\n{code}\n```\n"
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def generate(self, requests, greedy=False, max_new_tokens=None, stop_when=None, keys=None, max_tokens=None):
-        from adarl.types import Rollout
-
-        if requests[0].prefix_ids:  # continuing after a tool turn
-            return self.inner.generate(requests, greedy, max_new_tokens, stop_when, keys, max_tokens)
-        ids = self.inner.tokenizer.encode(self.text, add_special_tokens=False)
-        return [Rollout(r.prompt_id, ids, [-1.0] * len(ids), "stop") for r in requests for _ in range(r.n)]
-
-
 def test_a_python_agent_trains_end_to_end(fence_model_dir, tmp_path, monkeypatch):
     from adarl.config import load_recipe
     from adarl.rollout.agent import AgentGenerator
     from adarl.train.trainer import Trainer
+    from test_agent import FirstTurnWrites
     from test_train import recipe_data, write_task
 
     monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parents[1]))
@@ -317,7 +301,8 @@ def test_a_python_agent_trains_end_to_end(fence_model_dir, tmp_path, monkeypatch
     data["task"] = {"source": "compute", "size": 10, "eval_size": 2, "params": {"kinds": ["modpow"]}}
     trainer = Trainer(load_recipe(data=data), tmp_path / "run")
     assert isinstance(trainer.generator, AgentGenerator)
-    trainer.generator.generator = FirstTurnCodes(trainer.generator.generator, "print(pow(7, 1234, 101))")
+    code = "print(pow(7, 1234, 101))"  # a first turn that is a scripted python block
+    trainer.generator.generator = FirstTurnWrites(trainer.generator.generator, f"```python\n{code}\n```\n")
     row = trainer.train_step()
     rollouts = [r for g in trainer.last_groups for r in g.rollouts]
     assert len(rollouts) == 4 and row["rollout/agent/tool_calls"] == 4

@@ -218,6 +218,15 @@ class Wrapper:
     def entropy_stats(self) -> Any:
         return self.generator.entropy_stats
 
+    def retain(self, max_bytes: int) -> None:  # retain
+        self.generator.retain(max_bytes)
+
+    def drop_retained(self) -> None:  # retain
+        self.generator.drop_retained()
+
+    def add_stop(self, stop: str) -> None:  # stop_strings
+        self.generator.add_stop(stop)
+
     def pool_metrics(self) -> dict[str, float]:  # remote
         return self.generator.pool_metrics()
 
