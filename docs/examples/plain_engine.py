@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from adarl.rollout.base import Progress, StopWhen, Weights
-from adarl.rollout.hf import SampleStream
+from adarl.rollout.sampling import SampleStream
 from adarl.rollout.weights import load_named
 from adarl.types import Request, Rollout
 

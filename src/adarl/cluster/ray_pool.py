@@ -46,8 +46,8 @@ import torch
 from adarl.capabilities import CAPABILITIES
 from adarl.cluster import connect, disconnect, least_loaded
 from adarl.config import ClusterConfig, RolloutConfig
-from adarl.rollout.base import Weights
-from adarl.rollout.hf import Progress, SampleStream, StopWhen, row_keys
+from adarl.rollout.base import Progress, StopWhen, Weights
+from adarl.rollout.sampling import SampleStream, row_keys
 from adarl.types import Request, Rollout
 
 HEALTH_PROMPT = "health"

@@ -33,6 +33,9 @@ update comes through `load_weights`). `docs/examples/scripted_engine.py` is a co
     close()                              release the engine (processes, GPU memory); idempotent
     capabilities: frozenset[str]         optional abilities by name (CAPABILITIES below)
 
+What engines share lives beside this contract: keyed sampling streams (rollout/sampling.py:
+`SampleStream`, `row_keys`, `uniforms`) and the weights in the form engines load (rollout/weights.py).
+
 `Wrapper` is the base of the generators that wrap another (the agent loop, tree samplers, budget
 sentences): it forwards the contract to the wrapped generator and overrides what it changes, so
 wrappers compose without reaching into each other.

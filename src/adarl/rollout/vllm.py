@@ -46,8 +46,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from adarl.capabilities import CAPABILITIES
 from adarl.config import RolloutConfig
 from adarl.rollout import VLLM_MISSING
-from adarl.rollout.base import Weights
-from adarl.rollout.hf import Progress, SampleStream, StopWhen, row_keys, splitmix64
+from adarl.rollout.base import Progress, StopWhen, Weights
+from adarl.rollout.sampling import SampleStream, row_keys, splitmix64
 from adarl.rollout.weights import hf_weights
 from adarl.types import Request, Rollout
 

@@ -390,7 +390,8 @@ class AgentGenerator(Wrapper):
         per trajectory) stops it; a row either stops is "partial". A request with `prefix_spans`
         continues that partial trajectory; its rollout holds only the spans of this call.
         `max_new_tokens` bounds the tokens after the prompt (default `max_context_tokens`)."""
-        from adarl.rollout.hf import Progress, row_keys
+        from adarl.rollout.base import Progress
+        from adarl.rollout.sampling import row_keys
 
         context = max_new_tokens or self.max_context_tokens
         b = None if greedy else self.branching
