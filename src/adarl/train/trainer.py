@@ -79,8 +79,7 @@ class Trainer:
         self.np_rng = np.random.default_rng(recipe.seed)
         self.learner = build_learner(recipe, self.model, loss, self.generator.pad_id, self.np_rng, self.tokenizer)
         # normalised entropy statistics (or None): fitted by the learner on each batch, read by the loss and the sampler
-        self.entropy = self.learner.entropy
-        self.reference = self.learner.reference
+        self.entropy, self.reference = self.learner.entropy, self.learner.reference
         self.logs = RunLogs(self.run_dir, recipe.log.rollouts_every, decode=self.tokenizer.decode)
         self._prompt_cache: dict[str, list[int]] = {}
         self.last_groups: list[Group] = []
