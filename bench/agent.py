@@ -71,10 +71,20 @@ def run_condition(name: str, seed: int, args: argparse.Namespace) -> dict:
     out = Path(args.results) / name / f"seed{seed}" / "result.json"
     if (done := kept(out)) is not None:
         return done
-    base = load_recipe(args.recipe, [f"seed={seed}", f"model.threads={args.threads}", "log.progress=false",
-                                "log.tensorboard=false", "checkpoint.every=0"])
     runs = Path(args.runs) / f"seed{seed}"
-    sft_dir = runs / "sft"
+    # --sft-seed K: one cold start (seed K's) for every seed; the seeds then vary RL only
+    sft_seed = seed if args.sft_seed is None else args.sft_seed
+    sft_dir = Path(args.runs) / f"seed{sft_seed}" / "sft"
+    if name == "sft" and sft_seed != seed:  # the same model, evaluated greedily: the same result
+        shared = kept(Path(args.results) / name / f"seed{sft_seed}" / "result.json")
+        if shared is None:
+            shared = run_condition(name, sft_seed, args)
+        result = {"pass@1": shared["pass@1"], "shared_from_seed": sft_seed}
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result))
+        return result
+    base = load_recipe(args.recipe, [f"seed={sft_seed}", f"model.threads={args.threads}", "log.progress=false",
+                                     "log.tensorboard=false", "checkpoint.every=0"])  # seeds the SFT only
     t0 = time.perf_counter()
     if name == "base_tools":
         result = {"pass@1": held_out(base, None, args.eval_size, args.threads, args.task_name)}
@@ -85,7 +95,7 @@ def run_condition(name: str, seed: int, args: argparse.Namespace) -> dict:
     else:  # RL at a sampled-token budget: from the SFT model with tools, or from the base model without
         overrides = [f"budget.max_tokens={args.budget_tokens}", "budget.max_steps=null", "eval.every=0",
                      f"eval.size={args.eval_size}", f"seed={seed}", f"model.threads={args.threads}",
-                     "log.progress=false", "log.tensorboard=false", "checkpoint.every=0"]
+                     "log.progress=false", "log.tensorboard=false", "checkpoint.every=0", *args.rl_set]
         if name == "sft_rl":
             if not (sft_dir / "final").exists():
                 run_sft(base, sft_dir, "nll", steps=args.sft_steps)
@@ -178,6 +188,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--runs", default="runs/bench-agent")
     parser.add_argument("--results", default="bench/results/agent")
+    parser.add_argument("--sft-seed", type=int, default=None,
+                        help="train one SFT cold start, with this seed, and start every seed's RL from it "
+                             "(default: one per seed)")
+    parser.add_argument("--rl-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a recipe override for the RL runs only (repeat it), e.g. budget.prompts_per_step=4")
     parser.add_argument("--throughput", action="store_true", help="also time the loop against plain generation")
     args = parser.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
