@@ -71,3 +71,32 @@ def test_a_benchmark_method_is_its_recipe_and_the_table_it_replaced(method, monk
     base = ROOT / "recipes" / "quickstart.yaml"
     new, old = load_recipe(base, METHODS[method]), load_recipe(base, LEGACY_METHODS[method])
     assert new.model_dump() == old.model_dump()
+
+
+def test_agent_bench_takes_a_recipe_reuses_kept_runs_and_pairs_the_seeds(tmp_path, monkeypatch, capsys):
+    """bench/agent.py --recipe: kept result files are not redone (no model loads here), the table pairs
+    SFT + RL with SFT and with RL without tools by seed, and --sft-seed shares one cold start's result."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_agent", ROOT / "bench" / "agent.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    results = tmp_path / "results"
+    kept = {("sft", 0): 0.2, ("sft_rl", 0): 0.5, ("sft_rl", 1): 0.6, ("rl_no_tools", 0): 0.0, ("rl_no_tools", 1): 0.1}
+    for (condition, seed), value in kept.items():
+        (results / condition / f"seed{seed}").mkdir(parents=True)
+        (results / condition / f"seed{seed}" / "result.json").write_text(json.dumps({"pass@1": value}))
+    monkeypatch.setattr(bench, "run_sft", lambda *a, **k: pytest.fail("a kept run was redone"))
+    monkeypatch.setattr(bench, "Trainer", lambda *a, **k: pytest.fail("a kept run was redone"))
+    monkeypatch.setattr(bench, "held_out", lambda *a, **k: pytest.fail("a kept run was redone"))
+    out = bench.main(["--recipe", str(ROOT / "recipes" / "agent_text_to_sql.yaml"), "--task-name", "text_to_sql",
+                      "--seeds", "0,1", "--conditions", "sft,sft_rl,rl_no_tools", "--sft-seed", "0",
+                      "--results", str(results), "--runs", str(tmp_path / "runs")])
+    assert out["table"] == {"sft": {0: 0.2, 1: 0.2}, "sft_rl": {0: 0.5, 1: 0.6}, "rl_no_tools": {0: 0.0, 1: 0.1}}
+    assert json.loads((results / "sft" / "seed1" / "result.json").read_text()) == {"pass@1": 0.2, "shared_from_seed": 0}
+    rl_vs_sft, rl_vs_no_tools = out["paired"]
+    assert (rl_vs_sft["a"], rl_vs_sft["b"]) == ("sft_rl", "sft")
+    assert rl_vs_sft["per_seed"] == pytest.approx({0: 0.3, 1: 0.4}) and rl_vs_sft["mean"] == pytest.approx(0.35)
+    assert rl_vs_no_tools["per_seed"] == pytest.approx({0: 0.5, 1: 0.5}) and rl_vs_no_tools["wins"] == 2
+    printed = capsys.readouterr().out
+    assert "| sft_rl − sft | 2 | +0.300, +0.400 | +0.350 [" in printed
