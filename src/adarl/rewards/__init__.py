@@ -33,7 +33,15 @@ from adarl.rewards import format as format_reward
 from adarl.rewards import math as math_reward
 from adarl.rewards import short_answer
 from adarl.rewards import sql as sql_reward
-from adarl.rewards.pool import Job, WorkerPool, check_memory_limit, check_timeout, check_workers, printable
+from adarl.rewards.pool import (
+    Job,
+    WorkerPool,
+    check_in_worker,
+    check_memory_limit,
+    check_timeout,
+    check_workers,
+    printable,
+)
 
 if TYPE_CHECKING:
     from adarl.config import RewardConfig
@@ -62,18 +70,9 @@ def validate_callable(function: str, timeout_s: float = IMPORT_TIMEOUT_S) -> Cal
     is already imported here, else a `DeferredFunction` that imports it only when called.
     """
     module_name, _ = user_fn.parse_spec(function)
-    with WorkerPool(1, timeout_s, memory_limit_mb=None) as pool:
-        [(value, status)] = pool.run([(user_fn.check_function, (function,))])
-        message = pool.errors[0][1] if pool.errors else ""
     where = f"reward function {function!r}: importing {module_name!r}"
-    if status == "ok" and value:
-        raise ValueError(printable(str(value)))
-    if status == "timeout":
-        raise ValueError(f"{where} timed out after {timeout_s:g} s")
-    if status == "crashed":
-        raise ValueError(f"{where} {message.removeprefix('worker ')}")
-    if status == "error":
-        raise ValueError(f"{where} raised {message}")
+    if problem := check_in_worker(user_fn.check_function, (function,), timeout_s, where):
+        raise ValueError(printable(str(problem)))
     return user_fn.loaded_function(function) or user_fn.DeferredFunction(function)
 
 

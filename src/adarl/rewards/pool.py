@@ -748,6 +748,22 @@ class WorkerPool:
         self._retire(w)
 
 
+def check_in_worker(fn: Callable[..., Any], args: tuple, timeout_s: float, where: str) -> Any:
+    """`fn(*args)` in a throwaway supervised worker (no memory cap) with a deadline, never in this
+    process: its value, or one ValueError beginning with `where` if it timed out, crashed or raised.
+    What validates user code before anything loads (a reward function's module, an environment's)."""
+    with WorkerPool(1, timeout_s, memory_limit_mb=None) as pool:
+        [(value, status)] = pool.run([(fn, args)])
+        message = pool.errors[0][1] if pool.errors else ""
+    if status == "timeout":
+        raise ValueError(f"{where} timed out after {timeout_s:g} s")
+    if status == "crashed":
+        raise ValueError(f"{where} {message.removeprefix('worker ')}")
+    if status == "error":
+        raise ValueError(f"{where} raised {message}")
+    return value
+
+
 def _parent_of(pid: int) -> int | None:
     """The parent pid of `pid` (None where /proc cannot tell, -1 if there is no such process)."""
     try:

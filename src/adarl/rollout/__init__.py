@@ -49,7 +49,7 @@ def build_engine(path: str, model: Any, tokenizer: Any, cfg: RolloutConfig, seed
     import importlib
 
     from adarl.capabilities import unsupported
-    from adarl.rollout.base import Generator
+    from adarl.rollout.base import missing_members
 
     module, _, name = path.partition(":")
     try:
@@ -57,10 +57,7 @@ def build_engine(path: str, model: Any, tokenizer: Any, cfg: RolloutConfig, seed
     except (ImportError, AttributeError) as err:
         raise ValueError(f"rollout.backend {path!r} cannot be loaded ({type(err).__name__}: {err})") from None
     engine = engine_class(model, tokenizer, cfg, seed=seed)
-    if not isinstance(engine, Generator):
-        missing = [m for m in ("capabilities", "tokenizer", "pad_id", "policy_version", "rng", "new_keys", "generate",
-                               "load_weights", "metrics", "state_dict", "load_state_dict", "close")
-                   if not hasattr(engine, m)]
+    if missing := missing_members(engine):
         raise ValueError(f"rollout.backend {path!r} does not implement the generator contract "
                          f"(adarl/rollout/base.py): it lacks {', '.join(missing)}")
     if problems := unsupported(path, cfg.needs(), frozenset(engine.capabilities)):

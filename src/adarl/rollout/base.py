@@ -137,6 +137,13 @@ class Generator(Protocol):
     def close(self) -> None: ...
 
 
+def missing_members(engine: Any) -> list[str]:
+    """The members of the contract (`Generator`'s, in their declared order) that `engine` lacks."""
+    declared = [*Generator.__annotations__, *(n for n, v in vars(Generator).items()
+                                              if callable(v) and not n.startswith("_"))]
+    return [m for m in declared if not hasattr(engine, m)]
+
+
 def capable(generator: Any, name: str) -> bool:
     """Whether `generator` declares the optional ability `name` (CAPABILITIES)."""
     if name not in CAPABILITIES:

@@ -258,17 +258,8 @@ def validate_environment(name: str, timeout_s: float = IMPORT_TIMEOUT_S) -> None
         return
     if ":" not in name:
         environment_class(name)  # the built-in names, in its error
-    from adarl.rewards.pool import WorkerPool, printable
+    from adarl.rewards.pool import check_in_worker, printable
 
     where = f"rollout.agent.environment {name!r}"
-    with WorkerPool(1, timeout_s, memory_limit_mb=None) as pool:
-        [(value, status)] = pool.run([(check_environment, (name,))])
-        message = pool.errors[0][1] if pool.errors else ""
-    if status == "ok" and value:
-        raise ValueError(printable(value if value.startswith(where) else f"{where}: importing it {value}"))
-    if status == "timeout":
-        raise ValueError(f"{where}: importing it timed out after {timeout_s:g} s")
-    if status == "crashed":
-        raise ValueError(f"{where}: importing it {message.removeprefix('worker ')}")
-    if status == "error":
-        raise ValueError(f"{where}: importing it raised {message}")
+    if problem := check_in_worker(check_environment, (name,), timeout_s, f"{where}: importing it"):
+        raise ValueError(printable(problem if problem.startswith(where) else f"{where}: importing it {problem}"))
