@@ -245,3 +245,34 @@ def test_the_ranks_stop_when_rank_0_hangs(tiny_model_dir, tmp_path):
     assert done.returncode != 0 and seconds < 150, (seconds, done.stderr[-3000:])
     assert "ADARL_TEST_KILL: SIGSTOP on entering generate@2 (rank 0)" in done.stderr
     assert "error: rank 1 stops: rank 0 (no heartbeat for" in done.stderr, done.stderr[-3000:]
+
+
+def test_a_one_process_checkpoint_resumes_on_two_ranks(tiny_model_dir, tmp_path):
+    """The reverse of the re-sharding above: a run trained one step in one process (a whole checkpoint:
+    weights.safetensors, optimizer.pt) resumes under `torchrun --nproc-per-node 2` with fsdp2, rank 0
+    reading the files and the ranks sharding them, and trains on as the one process does."""
+    import json
+
+    from safetensors.torch import load_file
+
+    recipe, run = _sharded_cli(tiny_model_dir, tmp_path)
+    head = [sys.executable, "-m", "adarl.cli", "train"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE",
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")])}
+    for name, steps in (("one", 3), ("moved", 1)):
+        done = subprocess.run([*head, str(recipe), "train.parallel=none", f"budget.max_steps={steps}",
+                               "--run-dir", str(tmp_path / name)], env=env, capture_output=True, text=True,
+                              timeout=300, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "moved" / "checkpoints" / "step_000001" / "optimizer.pt").is_file()
+    done, _ = run("--resume", str(tmp_path / "moved"), "train.parallel=fsdp2", "budget.max_steps=3")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "from step 1" in done.stderr
+    rows = {name: [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+            for name in ("one", "moved")}
+    assert [r["step"] for r in rows["moved"]] == [1, 2, 3]
+    for a, b in zip(rows["one"], rows["moved"], strict=True):  # the same rollouts, rewards and updates
+        assert a["reward"] == b["reward"] and a["tokens"] == b["tokens"]
+        assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-5 * a["grad_norm"]
+    a, b = (load_file(tmp_path / name / "final" / "model.safetensors") for name in ("one", "moved"))
+    assert max_difference(a, b) < 1e-5

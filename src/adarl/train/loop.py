@@ -220,9 +220,10 @@ def resume_from_checkpoint(t: Any) -> bool:
             state = torch.load(path / "state.pt", weights_only=False)
             t.learner.load_sharded(path / checkpoint.SHARDED, state)
             t.generator.load_weights(t.learner.weights())
-        elif t.learner.sharded:
-            raise ValueError("a one-process checkpoint does not resume with train.parallel fsdp2 yet: resume "
-                             "with train.parallel=none")
+        elif t.learner.sharded:  # written by one process: rank 0 reads it, the ranks shard it
+            state = torch.load(path / "state.pt", weights_only=False)
+            t.learner.load_whole(path, state)
+            t.generator.load_weights(t.learner.weights())
         else:
             optimizer_state, state = checkpoint.load(path, t.model)
             t.learner.optimizer.load_state_dict(optimizer_state)

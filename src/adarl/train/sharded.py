@@ -243,6 +243,36 @@ class ShardedLearner(Learner):
         keys = ("scheduler", "skipped_updates", "bad_updates_in_a_row", "guard_length")
         Learner.load_state_dict(self, {k: state[k] for k in keys if k in state})
 
+    @everywhere
+    def load_whole(self, path: Path, state: dict[str, Any]) -> None:
+        """A one-process checkpoint (`weights.safetensors`, `optimizer.pt`) into the shards: rank 0 reads the
+        files (the other ranks need not see them) and every rank keeps its part of what it broadcasts."""
+        from safetensors.torch import load_file
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
+                                                             set_optimizer_state_dict)
+
+        weights, optim = {}, {}
+        if self.rank == 0:
+            weights = load_file(path / "weights.safetensors")
+            names = [n for n, p in self.model.named_parameters() if p.requires_grad]  # build_optimizer's order
+            missing, unknown = sorted(set(names) - set(weights)), sorted(set(weights) - set(names))
+            if missing or unknown:
+                raise ValueError(f"checkpoint {path} does not match the model: missing {missing[:3]}, "
+                                 f"unexpected {unknown[:3]}")
+            first: dict[int, str] = {}
+            for name, p in self.model.named_parameters(remove_duplicate=False):  # a tied head: the same tensor
+                if first.setdefault(id(p), name) != name and first[id(p)] in weights:
+                    weights[name] = weights[first[id(p)]]
+            optim = torch.load(path / "optimizer.pt", weights_only=False)
+            optim = {"state": {names[i]: v for i, v in optim["state"].items()},  # by position -> by name
+                     "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in optim["param_groups"]]}
+        # two calls: set_state_dict would take the other ranks' empty weights for "optimizer only"
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        set_model_state_dict(self.model, weights, options=options)
+        set_optimizer_state_dict(self.model, self.optimizer, optim, options=options)
+        keys = ("scheduler", "skipped_updates", "bad_updates_in_a_row", "guard_length")
+        Learner.load_state_dict(self, {k: state[k] for k in keys if k in state})
+
     # ------------------------------------------------------------ the update, on this rank's share
 
     def _logprobs(self, model: torch.nn.Module | None, packed, **kw) -> tuple[torch.Tensor, ...]:
