@@ -21,6 +21,7 @@ collectives pair up: a rank with fewer runs idle passes (a one-token forward/bac
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 from datetime import timedelta
@@ -33,9 +34,8 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from adarl.rollout.base import Weights
-from adarl.train.checkpoint import crash_point
-from adarl.train.control import STORE_ERRORS, Control, RankFailure
-from adarl.train.checkpoint import load_dcp, save_dcp
+from adarl.train.checkpoint import crash_point, load_dcp, save_dcp
+from adarl.train.control import STORE_ERRORS, Control
 from adarl.train.learner import Learner, StepData
 from adarl.train.logprobs import completion_logprobs
 from adarl.types import Batch
@@ -89,10 +89,8 @@ def release_followers() -> None:
     global _serving
     if _serving and rank() == 0 and _control is not None:
         _serving = False
-        try:
+        with contextlib.suppress(*STORE_ERRORS):  # the store is gone: the other ranks see that and stop
             _control.announce("close")
-        except STORE_ERRORS:
-            pass  # the store is gone: the other ranks see that and stop
 
 
 def _collective_error(err: BaseException) -> bool:
@@ -248,8 +246,11 @@ class ShardedLearner(Learner):
         """A one-process checkpoint (`weights.safetensors`, `optimizer.pt`) into the shards: rank 0 reads the
         files (the other ranks need not see them) and every rank keeps its part of what it broadcasts."""
         from safetensors.torch import load_file
-        from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
-                                                             set_optimizer_state_dict)
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
 
         weights, optim = {}, {}
         if self.rank == 0:
