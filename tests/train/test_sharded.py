@@ -139,8 +139,8 @@ def test_fsdp2_refuses_what_it_does_not_shard(tiny_model_dir, tmp_path):
     from test_train import recipe_data, write_task
 
     data = recipe_data(tiny_model_dir, write_task(tmp_path), train={"parallel": "fsdp2"},
-                       model={"path": str(tiny_model_dir), "lora": {"r": 4}})
-    with pytest.raises(RecipeError, match="fsdp2 does not shard LoRA"):
+                       distill={"teacher": str(tiny_model_dir)})
+    with pytest.raises(RecipeError, match="fsdp2 does not shard a distillation teacher"):
         load_recipe(data=data)
     with pytest.raises(RecipeError, match="cpu_offload offloads FSDP2 shards"):
         load_recipe(data=recipe_data(tiny_model_dir, write_task(tmp_path), train={"cpu_offload": True}))
@@ -276,3 +276,34 @@ def test_a_one_process_checkpoint_resumes_on_two_ranks(tiny_model_dir, tmp_path)
         assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-5 * a["grad_norm"]
     a, b = (load_file(tmp_path / name / "final" / "model.safetensors") for name in ("one", "moved"))
     assert max_difference(a, b) < 1e-5
+
+
+def test_lora_on_two_ranks_trains_as_one_process(tiny_model_dir, tmp_path):
+    """LoRA under fsdp2: the frozen base and the adapters sharded per layer, only the adapters gathered
+    into rank 0's whole copy (its generator samples from it with no copy). 2 ranks and one process draw
+    the same rollouts and rewards, take the same updates, and write the same merged final model."""
+    import json
+
+    from safetensors.torch import load_file
+
+    recipe, run = _sharded_cli(tiny_model_dir, tmp_path)
+    lora = ["model.lora={r: 4, alpha: 8, target_modules: [q_proj, v_proj]}", "train.lr=0.01"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE",
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-m", "adarl.cli", "train", str(recipe), "train.parallel=none", *lora,
+                           "--run-dir", str(tmp_path / "one")], env=env, capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    done, _ = run(str(recipe), *lora, "--run-dir", str(tmp_path / "two"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = {name: [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+            for name in ("one", "two")}
+    assert [r["step"] for r in rows["two"]] == [1, 2, 3]
+    for a, b in zip(rows["one"], rows["two"], strict=True):
+        assert a["reward"] == b["reward"] and a["tokens"] == b["tokens"]
+        assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-5 * a["grad_norm"]
+    assert rows["two"][-1]["grad_norm"] > 0  # the adapters did train
+    one, two, base = (load_file(path / "model.safetensors") for path in
+                      (tmp_path / "one" / "final", tmp_path / "two" / "final", tiny_model_dir))
+    assert max_difference(one, two) < 1e-5
+    assert max(float((two[n] - base[n]).abs().max()) for n in base) > 1e-4  # merged adapters moved the weights

@@ -64,9 +64,9 @@ class Recipe(Section):
         if self.train.mixed_precision == "bf16" and self.model.dtype != "float32":
             raise ValueError("train.mixed_precision bf16 keeps float32 master weights: set model.dtype float32 "
                              "(or keep model.dtype bfloat16 and train.mixed_precision no, for bf16 weights)")
-        if self.train.parallel == "fsdp2" and (self.model.lora is not None or self.distill is not None):
-            raise ValueError("train.parallel fsdp2 does not shard LoRA adapters or a distillation teacher yet: "
-                             "remove model.lora / distill, or use train.parallel none")
+        if self.train.parallel == "fsdp2" and self.distill is not None:
+            raise ValueError("train.parallel fsdp2 does not shard a distillation teacher yet: remove distill, or "
+                             "use train.parallel none")
         if self.cluster.backend == "ray" and ":" in self.rollout.backend:
             raise ValueError(f"cluster.backend ray runs rollout.backend hf or vllm on its workers, not "
                              f"{self.rollout.backend!r}: use cluster.backend local for an engine of your own")

@@ -95,16 +95,17 @@ def build_learner(recipe: Recipe, model: torch.nn.Module, loss: Any, pad_id: int
     reference = load_reference(recipe.model) if loss.kl_coef > 0 and recipe.model.lora is None else None
     teacher = None if recipe.distill is None or tokenizer is None else Teacher(
         recipe.distill, model, tokenizer, recipe.rollout.temperature, recipe.train.logit_chunk)
+    kw: dict[str, Any] = {}
     learner_class: type[Learner] = Learner
     if recipe.train.parallel == "fsdp2":
         from adarl.train.sharded import ShardedLearner
 
         learner_class = ShardedLearner
-        if tokenizer is not None:  # rank 0 keeps `model` whole for its generator
-            model = copy.deepcopy(model)
+        if tokenizer is not None:  # rank 0 keeps `model` whole for its generator (and a LoRA learner's adapters)
+            kw["whole"], model = model, copy.deepcopy(model)
     return learner_class(model, loss, recipe.train, temperature=recipe.rollout.temperature, pad_id=pad_id, rng=rng,
                          reference=reference, max_len=recipe.loss.get("max_len") or recipe.rollout.max_new_tokens,
-                         entropy=entropy, teacher=teacher)
+                         entropy=entropy, teacher=teacher, **kw)
 
 
 def follow(recipe: Recipe) -> None:

@@ -170,7 +170,11 @@ class ShardedLearner(Learner):
 
     sharded = True
 
-    def __init__(self, model: torch.nn.Module, loss, cfg, **kw: Any):
+    def __init__(self, model: torch.nn.Module, loss, cfg, whole: torch.nn.Module | None = None, **kw: Any):
+        """`whole`: rank 0's unsharded copy of a LoRA model (its generator's): the published adapters go
+        into it, so only the adapters cross the ranks."""
+        self.lora = any("lora_" in name for name, p in model.named_parameters() if p.requires_grad)
+        self.whole = whole
         init_distributed(str(next(model.parameters()).device.type), cfg.collective_timeout_s, cfg.heartbeat_timeout_s)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         global _serving
@@ -221,8 +225,25 @@ class ShardedLearner(Learner):
 
     def weights(self) -> Weights:
         """The trained weights, gathered whole on rank 0 when a generator reads them (every rank takes
-        part in the gather: `named()` is called on rank 0 only, which the other ranks follow)."""
-        return Weights(named=lambda: self._full_state_dict().items())
+        part in the gather: `named()` is called on rank 0 only, which the other ranks follow). LoRA: the
+        adapters alone are gathered, into rank 0's whole copy, whose weights (merged, and the adapters
+        apart) are then published as a one-process learner publishes its own."""
+        if not self.lora:
+            return Weights(named=lambda: self._full_state_dict().items())
+        if self.whole is None:
+            raise ValueError("a sharded LoRA learner publishes into rank 0's whole copy: build it with whole=")
+        adapters = self._adapters()
+        with torch.no_grad():
+            for name, p in self.whole.named_parameters():
+                if name in adapters:
+                    p.copy_(adapters[name])
+        return Weights.of(self.whole)
+
+    @everywhere
+    def _adapters(self) -> dict[str, torch.Tensor]:
+        """The trainable (LoRA) parameters, whole, by name: one gather each, every rank taking part."""
+        return {name: (p.full_tensor() if isinstance(p, DTensor) else p).detach().cpu()
+                for name, p in self.model.named_parameters() if p.requires_grad}
 
     @everywhere
     def _full_state_dict(self) -> dict[str, torch.Tensor]:
@@ -268,7 +289,8 @@ class ShardedLearner(Learner):
             optim = {"state": {names[i]: v for i, v in optim["state"].items()},  # by position -> by name
                      "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in optim["param_groups"]]}
         # two calls: set_state_dict would take the other ranks' empty weights for "optimizer only"
-        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        # LoRA: the file holds the adapters (the trainable weights) and the base stays as loaded
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=not self.lora)
         set_model_state_dict(self.model, weights, options=options)
         set_optimizer_state_dict(self.model, self.optimizer, optim, options=options)
         keys = ("scheduler", "skipped_updates", "bad_updates_in_a_row", "guard_length")
