@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import inspect
 import json
 import os
@@ -442,12 +443,14 @@ def timed_learner(kind: str, shape: dict, device: torch.device, batch, completio
     from adarl.train.learner import Learner
     from adarl.train.sharded import ShardedLearner, end_distributed
 
+    gc.collect()  # the previous learner's cycles (hooks, optimizer) hold device memory until collected
+    reset_peak(device)  # the window holds the weights, then gradients, Adam's moments and activations
+    start = torch.cuda.memory_allocated(device) / 2**30 if device.type == "cuda" else None
     model = random_model(shape, torch.float32, device, seed=0)
     cfg = TrainConfig(lr=1e-3, micro_batch_tokens=micro_batch_tokens, mixed_precision=mixed_precision,
                       parallel="fsdp2" if kind == "fsdp2" else "none")
     kw = dict(temperature=1.0, pad_id=2, max_len=completion_len, rng=np.random.default_rng(0))
     before = {n: t.detach().float().cpu().clone() for n, t in model.state_dict().items()}
-    reset_peak(device)  # the window holds the weights, then gradients, Adam's moments and activations
     try:
         cls = ShardedLearner if kind == "fsdp2" else Learner
         learner = cls(model, registry.build("loss", {"name": "ppo_clip"}), cfg, **kw)
@@ -468,7 +471,7 @@ def timed_learner(kind: str, shape: dict, device: torch.device, batch, completio
             end_distributed()  # the process-wide group: later sections (and the next learner) start without it
     return {"loss": first["loss"], "grad_norm": first["grad_norm"], "before": before, "weights": weights,
             "median_update_s": statistics.median(times), "update_s": times,
-            "peak_memory_gib": peak_memory_gib(device)}
+            "start_memory_gib": start, "peak_memory_gib": peak_memory_gib(device)}
 
 
 def fsdp2(device: torch.device, quick: bool) -> dict[str, Any]:
@@ -480,9 +483,9 @@ def fsdp2(device: torch.device, quick: bool) -> dict[str, Any]:
     out: dict[str, Any] = {
         "shape": "qwen-tiny-a" if quick else "qwen2.5-0.5b", "rows": rows, "prompt_len": prompt_len,
         "completion_len": completion_len, "world_size": 1, "timed_updates": 3,
-        "memory": "torch.cuda.max_memory_allocated from the model's build to the last update; None on a CPU "
-                  "(the process's RSS does not fall when the first learner is freed, so the second's would not "
-                  "compare)"}
+        "memory": "torch.cuda.max_memory_allocated from the model's build to the last update (start_memory_gib: "
+                  "what was allocated before it); None on a CPU (the process's RSS does not fall when the first "
+                  "learner is freed, so the second's would not compare)"}
     for mp in ("no", "bf16"):
         label = "float32" if mp == "no" else "bf16_mixed"
         runs = {kind: timed_learner(kind, shape, device, batch, completion_len, mp, 16 * (prompt_len + completion_len),
