@@ -23,12 +23,18 @@ error and the next one runs.
 4. `vs_trl`: TRL's `GRPOTrainer` and adarl's `Trainer` on the same card, the same random 0.5B model
    (bf16 weights), the same prompts, group size, lengths and reward, neither with vLLM: the median step
    time of each after a warm-up step, and their ratio.
+5. `fsdp2`: the same policy updates through the one-process `Learner` and through `ShardedLearner`
+   (`train.parallel: fsdp2`) at world size 1 (a one-rank group, no torchrun), from the same weights on the
+   same batch: the weights after one float32 update (they must agree within 1e-5), then the median update
+   time of 3 after a warm-up and the peak device memory of each; then both again in bf16 mixed precision.
+   What FSDP2 costs before it shards anything.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import inspect
 import json
 import os
@@ -185,6 +191,7 @@ def equality(device: torch.device) -> dict[str, Any]:
         # precision, so the loss and the gradient norm are what the tolerance is judged on
         row["ok"] = row["loss_rel"] <= tol and row["grad_norm_rel"] <= tol and (mp == "bf16" or weight_rel <= tol)
         out[label] = row
+    out["group_torn_down"] = not torch.distributed.is_initialized()
     return out
 
 
@@ -288,12 +295,11 @@ def decode_speed(model, tok, device: torch.device, rows: int, new_tokens: int, p
             "adarl_tokens": tokens, "generate_tokens": their_tokens}
 
 
-def update_speed(model, device: torch.device, rows: int, prompt_len: int, completion_len: int,
-                 shape: dict, peak_flops: float | None, fp32_lm_head: bool = True) -> dict[str, Any]:
+def synthetic_batch(rows: int, prompt_len: int, completion_len: int, vocab: int):
+    """Groups of 8 rollouts of random tokens at full length, advantages ±1: an update's shape, not a sample."""
     from adarl.types import Batch, Group, Problem, Rollout
 
     rng = np.random.default_rng(3)
-    vocab = shape["vocab_size"]
     groups = []
     for g in range(rows // 8):
         rollouts = [Rollout(str(g), rng.integers(3, vocab, completion_len).tolist(), [0.0] * completion_len)
@@ -302,6 +308,13 @@ def update_speed(model, device: torch.device, rows: int, prompt_len: int, comple
                             rewards=np.tile([0.0, 1.0], 4)[:, None], reward_names=("r",)))
     batch = Batch(groups)
     batch.advantages = rng.choice([-1.0, 1.0], len(batch))
+    return batch
+
+
+def update_speed(model, device: torch.device, rows: int, prompt_len: int, completion_len: int,
+                 shape: dict, peak_flops: float | None, fp32_lm_head: bool = True) -> dict[str, Any]:
+    batch = synthetic_batch(rows, prompt_len, completion_len, shape["vocab_size"])
+    vocab = shape["vocab_size"]
     from adarl import registry
     from adarl.config import TrainConfig
     from adarl.train.learner import Learner
@@ -418,6 +431,94 @@ def vs_trl(device: torch.device, quick: bool, work: Path) -> dict[str, Any]:
     return out
 
 
+# ---------------------------------------------------------------- 5. FSDP2 at world size 1 against one process
+
+
+def timed_learner(kind: str, shape: dict, device: torch.device, batch, completion_len: int, mixed_precision: str,
+                  micro_batch_tokens: int, repeats: int) -> dict[str, Any]:
+    """One learner (`single`: `Learner`; `fsdp2`: `ShardedLearner` in a one-rank group) from the seed-0 weights:
+    the weights after its first update, then the median of `repeats` more and the peak device memory."""
+    from adarl import registry
+    from adarl.config import TrainConfig
+    from adarl.train.learner import Learner
+    from adarl.train.sharded import ShardedLearner, end_distributed
+
+    gc.collect()  # the previous learner's cycles (hooks, optimizer) hold device memory until collected
+    reset_peak(device)  # the window holds the weights, then gradients, Adam's moments and activations
+    start = torch.cuda.memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    model = random_model(shape, torch.float32, device, seed=0)
+    cfg = TrainConfig(lr=1e-3, micro_batch_tokens=micro_batch_tokens, mixed_precision=mixed_precision,
+                      parallel="fsdp2" if kind == "fsdp2" else "none")
+    kw = dict(temperature=1.0, pad_id=2, max_len=completion_len, rng=np.random.default_rng(0))
+    before = {n: t.detach().float().cpu().clone() for n, t in model.state_dict().items()}
+    try:
+        cls = ShardedLearner if kind == "fsdp2" else Learner
+        learner = cls(model, registry.build("loss", {"name": "ppo_clip"}), cfg, **kw)
+        first = learner.update(batch)  # also the warm-up: kernels, Adam's moments, FSDP's buffers
+        weights = learner._full_state_dict() if kind == "fsdp2" else model.state_dict()
+        weights = {n: t.detach().float().cpu().clone() for n, t in weights.items()}
+        times = []
+        for _ in range(repeats):
+            sync(device)
+            t0 = time.perf_counter()
+            learner.update(batch)
+            sync(device)
+            times.append(time.perf_counter() - t0)
+        if kind == "fsdp2":
+            learner.close()
+    finally:
+        if kind == "fsdp2":
+            end_distributed()  # the process-wide group: later sections (and the next learner) start without it
+    return {"loss": first["loss"], "grad_norm": first["grad_norm"], "before": before, "weights": weights,
+            "median_update_s": statistics.median(times), "update_s": times,
+            "start_memory_gib": start, "peak_memory_gib": peak_memory_gib(device)}
+
+
+def fsdp2(device: torch.device, quick: bool) -> dict[str, Any]:
+    """`Learner` against `ShardedLearner` at world size 1: the same weights after one float32 update, and
+    what the sharding machinery costs in time and memory when there is nothing to shard over."""
+    shape = QUICK["qwen-tiny-a"] if quick else QWEN["qwen2.5-0.5b"]
+    rows, prompt_len, completion_len = (16, 16, 16) if quick else (32, 128, 384)
+    batch = synthetic_batch(rows, prompt_len, completion_len, shape["vocab_size"])
+    out: dict[str, Any] = {
+        "shape": "qwen-tiny-a" if quick else "qwen2.5-0.5b", "rows": rows, "prompt_len": prompt_len,
+        "completion_len": completion_len, "world_size": 1, "timed_updates": 3,
+        "memory": "torch.cuda.max_memory_allocated from the model's build to the last update (start_memory_gib: "
+                  "what was allocated before it); None on a CPU (the process's RSS does not fall when the first "
+                  "learner is freed, so the second's would not compare)"}
+    for mp in ("no", "bf16"):
+        label = "float32" if mp == "no" else "bf16_mixed"
+        runs = {kind: timed_learner(kind, shape, device, batch, completion_len, mp, 16 * (prompt_len + completion_len),
+                                    repeats=3)
+                for kind in ("single", "fsdp2")}
+        one, sharded = runs["single"]["weights"], runs["fsdp2"]["weights"]
+        if set(one) != set(sharded):
+            raise AssertionError(f"fsdp2's state dict names differ: {sorted(set(one) ^ set(sharded))[:5]}")
+        before = runs["single"]["before"]  # both built from seed 0 on the device (its own generator)
+        if any(not torch.equal(before[n], runs["fsdp2"]["before"][n]) for n in before):
+            raise AssertionError("the two learners did not start from the same weights")
+        delta = torch.cat([(one[n] - before[n]).flatten() for n in one])
+        delta_sharded = torch.cat([(sharded[n] - before[n]).flatten() for n in one])
+        row: dict[str, Any] = {
+            # |w_fsdp2 − w_single| over every weight after one update (lr 1e-3: Adam moves each by ~1e-3)
+            "weights_max_abs_diff": max(float((sharded[n] - one[n]).abs().max()) for n in one),
+            "update_rel": float((delta_sharded - delta).norm() / delta.norm()),
+            "loss_rel": rel(runs["fsdp2"]["loss"], runs["single"]["loss"]),
+            "grad_norm_rel": rel(runs["fsdp2"]["grad_norm"], runs["single"]["grad_norm"]),
+            "tolerance": 1e-5 if mp == "no" else None}
+        for kind, r in runs.items():
+            row[kind] = {k: v for k, v in r.items() if k not in ("before", "weights")}
+        row["fsdp2_over_single_time"] = row["fsdp2"]["median_update_s"] / row["single"]["median_update_s"]
+        if device.type == "cuda":
+            row["fsdp2_over_single_memory"] = row["fsdp2"]["peak_memory_gib"] / row["single"]["peak_memory_gib"]
+        # bf16: FSDP2 casts the gathered layers to bf16 where the one-process learner autocasts float32
+        # weights, so the two differ by bf16 rounding; only the float32 row is judged
+        row["ok"] = row["weights_max_abs_diff"] <= 1e-5 if mp == "no" else None
+        out[label] = row
+    out["group_torn_down"] = not torch.distributed.is_initialized()
+    return out
+
+
 # ---------------------------------------------------------------- profile: where a decode step's time goes
 
 
@@ -469,7 +570,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--quick", action="store_true", help="small shapes and batches (a CPU, a test)")
-    parser.add_argument("--sections", default="equality,trainer,shapes,vs_trl")
+    parser.add_argument("--sections", default="equality,trainer,shapes,vs_trl,fsdp2")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     device = torch.device(args.device)
@@ -482,7 +583,8 @@ def main() -> None:
         work = Path(tmp)
         sections = {"equality": lambda: equality(device), "trainer": lambda: trainer_steps(device, work),
                     "shapes": lambda: shapes(device, args.quick, result["card"]),
-                    "vs_trl": lambda: vs_trl(device, args.quick, work), "profile": lambda: profile(device, args.quick)}
+                    "vs_trl": lambda: vs_trl(device, args.quick, work), "fsdp2": lambda: fsdp2(device, args.quick),
+                    "profile": lambda: profile(device, args.quick)}
         for name in args.sections.split(","):
             t0 = time.perf_counter()
             try:

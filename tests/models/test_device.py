@@ -129,7 +129,7 @@ def test_bf16_mixed_precision_trains_and_tracks_float32(tiny_model_dir, tmp_path
 
 @pytest.mark.model
 def test_gpu_check_runs_at_its_smallest_setting_on_the_cpu(tmp_path):
-    sections = "equality,trainer,shapes,profile" + (",vs_trl" if importlib.util.find_spec("trl") else "")
+    sections = "equality,fsdp2,trainer,shapes,profile" + (",vs_trl" if importlib.util.find_spec("trl") else "")
     out = tmp_path / "gpu_check.json"
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--device", "cpu", "--quick",
                            "--sections", sections, "--out", str(out)], capture_output=True, text=True, timeout=600)
@@ -141,6 +141,21 @@ def test_gpu_check_runs_at_its_smallest_setting_on_the_cpu(tmp_path):
     assert [result["trainer"][k]["model_device"] for k in ("float32", "bf16_mixed")] == ["cpu", "cpu"]
     decode = result["shapes"]["qwen-tiny-a"]["decode"]
     assert [d["rows"] for d in decode] == [64, 256] and all(d["adarl_tokens"] > 0 for d in decode)
+    # FSDP2 at world size 1 (a one-rank gloo group, no torchrun) trains the one-process learner's weights;
+    # the sections after it ran, so its process group was torn down
+    for label in ("float32", "bf16_mixed"):
+        row = result["fsdp2"][label]
+        for kind in ("single", "fsdp2"):
+            assert row[kind]["median_update_s"] > 0 and len(row[kind]["update_s"]) == 3
+            assert "peak_memory_gib" in row[kind] and row[kind]["peak_memory_gib"] is None  # a CPU: not measured
+        assert row["fsdp2_over_single_time"] > 0
+    assert result["fsdp2"]["group_torn_down"]
+    exact = result["fsdp2"]["float32"]
+    assert exact["weights_max_abs_diff"] <= 1e-5 and exact["update_rel"] <= 1e-5 and exact["ok"], exact
+    # a gradient scaled by a wrong world-size factor leaves these weights as they are (clipped to norm 1, and
+    # Adam's first step is ~lr·sign(g)): the gradient norm is what catches it
+    assert exact["loss_rel"] <= 1e-6 and exact["grad_norm_rel"] <= 1e-5
+    assert result["fsdp2"]["bf16_mixed"]["update_rel"] < 0.5  # bf16 rounding, not another update
 
 
 @pytest.mark.parametrize("impl", ["sdpa", "eager"])
