@@ -84,10 +84,18 @@ def train(
     except (ValueError, ImportError) as err:
         _fail(str(err))
 
+    ranks = None
     if loaded.train.parallel == "fsdp2":  # under torchrun: rank 0 runs the trainer, the others its learner calls
         from adarl.train import sharded
         from adarl.train.build import follow
 
+        if loaded.cluster.learner_ranks > 1:  # this process is rank 0; ranks 1..N-1 are Ray actors
+            from adarl.cluster.learners import RayLearnerRanks
+
+            try:
+                ranks = RayLearnerRanks(loaded)
+            except (RuntimeError, ValueError, ImportError) as err:
+                _fail(str(err))
         if sharded.init_distributed(loaded.model.device) != 0:
             try:
                 follow(loaded)
@@ -97,7 +105,10 @@ def train(
     try:
         last = _run(loaded, target, resume is not None)
     finally:
-        if loaded.train.parallel == "fsdp2":
+        if ranks is not None:  # released, awaited and freed; a rank that failed is named
+            if failure := ranks.close():
+                _fail(failure)
+        elif loaded.train.parallel == "fsdp2":
             sharded.release_followers()  # also when rank 0 failed before or during its run
             sharded.end_distributed()
     keys = [k for k in ("step", "tokens", "reward", "pass_rate", "eval/pass@1") if k in last]
