@@ -50,7 +50,7 @@ def cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 def test_ray_placed_ranks_train_as_one_process(tiny_model_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    recipe = ray_recipe(tiny_model_dir, tmp_path)
+    recipe = ray_recipe(tiny_model_dir, tmp_path, checkpoint={"every": 2})
     for name, extra in (("one", []), ("two", ON_RAY)):
         done = cli(tmp_path, str(recipe), *extra, "--run-dir", str(tmp_path / name))
         assert done.returncode == 0, done.stderr[-3000:]
@@ -62,6 +62,8 @@ def test_ray_placed_ranks_train_as_one_process(tiny_model_dir, tmp_path):
         assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-5 * a["grad_norm"]
     one, two = (AutoModelForCausalLM.from_pretrained(tmp_path / name / "final").state_dict() for name in ("one", "two"))
     assert max_difference(one, two) < 1e-5
+    sharded = tmp_path / "two" / "checkpoints" / "step_000002" / "sharded"  # each rank wrote its shards
+    assert sorted(p.name for p in sharded.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["one", "prompts.jsonl", "recipe.yaml", "two"]
 
 
