@@ -65,6 +65,10 @@ def test_ray_placed_ranks_train_as_one_process(tiny_model_dir, tmp_path):
     sharded = tmp_path / "two" / "checkpoints" / "step_000002" / "sharded"  # each rank wrote its shards
     assert sorted(p.name for p in sharded.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["one", "prompts.jsonl", "recipe.yaml", "two"]
+    done = cli(tmp_path, "--resume", str(tmp_path / "two"), "budget.max_steps=3")  # the actors start again
+    assert done.returncode == 0 and "from step 2" in done.stderr, done.stderr[-3000:]
+    assert [json.loads(line)["step"] for line in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()] \
+        == [1, 2, 3]
 
 
 @pytest.mark.heavy
@@ -82,6 +86,7 @@ def test_a_failing_rank_ends_the_run_naming_it(tiny_model_dir, tmp_path, how, sa
 
 
 def test_learner_ranks_need_fsdp2_ray_and_no_torchrun(tiny_model_dir, tmp_path, monkeypatch):
+    from adarl.api import train
     from adarl.cluster.learners import RayLearnerRanks
 
     for over in ({"cluster": {"backend": "ray", "learner_ranks": 2}},
@@ -91,6 +96,8 @@ def test_learner_ranks_need_fsdp2_ray_and_no_torchrun(tiny_model_dir, tmp_path, 
             load_recipe(data=recipe_data(tiny_model_dir, write_task(tmp_path), **over))
     recipe = load_recipe(data=recipe_data(tiny_model_dir, write_task(tmp_path), train={"parallel": "fsdp2"},
                                           cluster={"backend": "ray", "learner_ranks": 2}))
+    with pytest.raises(RecipeError, match="learner ranks on Ray start from the command line"):
+        train(recipe, tmp_path / "run")  # the Python API would train on one rank
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")  # what torchrun sets in each rank
     with pytest.raises(ValueError, match="not under torchrun"):
         RayLearnerRanks(recipe)  # refused before Ray or any actor starts

@@ -19,6 +19,7 @@ pending or next collective fails at once instead of waiting out the collective t
 from __future__ import annotations
 
 import os
+import re
 import socket
 import sys
 import threading
@@ -72,26 +73,25 @@ class RayLearnerRanks:
         self.failure: str | None = None
         self.calls: dict[Any, int] = {}  # each actor's `follow` call -> its rank
         self.actors: list[Any] = []
-        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
         bundle = {"CPU": res.num_cpus, **({"GPU": res.num_gpus} if res.num_gpus else {})}
-        self._group = placement_group([dict(bundle) for _ in range(world - 1)], strategy=cluster.placement)
+        self._group = None
         try:
+            self._group = placement_group([dict(bundle) for _ in range(world - 1)], strategy=cluster.placement)
             if not ray.wait([self._group.ready()], timeout=cluster.health_timeout_s + 60)[0]:
                 raise RuntimeError(f"cluster: Ray could not place {world - 1} learner ranks of {bundle} (the "
                                    f"cluster has {ray.cluster_resources()}); lower cluster.learner_ranks or "
                                    "cluster.learner_resources")
             address = LOOPBACK if cluster.address is None else ray.util.get_node_ip_address()
             env = {"MASTER_ADDR": address, "MASTER_PORT": str(_free_port(address)), "WORLD_SIZE": str(world)}
-            actor = ray.remote(LearnerRank)
+            actor, threads = ray.remote(LearnerRank), res.threads or max(1, int(res.num_cpus))
             for r in range(1, world):
+                bundle_r = PlacementGroupSchedulingStrategy(self._group, placement_group_bundle_index=r - 1)
                 # torchrun's LOCAL_RANK picks a GPU among the node's; Ray shows an actor only its own: 0
                 self.actors.append(actor.options(
-                    num_cpus=res.num_cpus, num_gpus=res.num_gpus, max_restarts=0,
-                    scheduling_strategy=PlacementGroupSchedulingStrategy(self._group, placement_group_bundle_index=r - 1),
-                ).remote({**env, "RANK": str(r), "LOCAL_RANK": "0"}, res.threads or max(1, int(res.num_cpus)),
-                         list(sys.path)))
+                    num_cpus=res.num_cpus, num_gpus=res.num_gpus, max_restarts=0, scheduling_strategy=bundle_r,
+                ).remote({**env, "RANK": str(r), "LOCAL_RANK": "0"}, threads, list(sys.path)))
             self.calls = {a.follow.remote(recipe): r for r, a in enumerate(self.actors, 1)}
             os.environ.update(env, RANK="0", LOCAL_RANK="0")  # this process: rank 0, as torchrun would set it
             self._join(recipe.model.device)
@@ -128,22 +128,21 @@ class RayLearnerRanks:
         """Take the calls that ended; the first that raised (or whose actor died) is the run's failure."""
         import ray
 
-        with self._lock:
-            ready, _ = ray.wait(list(self.calls), num_returns=1, timeout=timeout) if self.calls else ([], [])
-            for ref in ready:
-                r = self.calls.pop(ref)
-                try:
-                    ray.get(ref)
-                except ray.exceptions.RayTaskError as err:
-                    cause = err.cause if err.cause is not None else err
-                    self.failure = self.failure or f"learner rank {r} failed: {type(cause).__name__}: {cause}"
-                except ray.exceptions.RayError as err:  # the actor (its process) died
-                    why = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-                    self.failure = self.failure or f"learner rank {r}'s Ray actor died: {why}"
-            if self.failure is not None:
-                self._kill()
+        ready, _ = ray.wait(list(self.calls), num_returns=1, timeout=timeout) if self.calls else ([], [])
+        for ref in ready:
+            r = self.calls.pop(ref)
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayTaskError as err:
+                cause = err.cause if err.cause is not None else err
+                self.failure = self.failure or f"learner rank {r} failed: {type(cause).__name__}: {cause}"
+            except ray.exceptions.RayError as err:  # the actor (its process) died
+                why = (re.sub(r"\x1b\[[0-9;]*m", "", str(err)).strip() or type(err).__name__).splitlines()[0]
+                self.failure = self.failure or f"learner rank {r}'s Ray actor died: {why}"
+        if self.failure is not None:
+            self._kill()
 
-    def _watch(self) -> None:
+    def _watch(self) -> None:  # until close(), which then collects in this thread's place
         while self.calls and self.failure is None and not self._stop.is_set():
             self._collect(timeout=1.0)
 
