@@ -84,6 +84,8 @@ def train(
     except (ValueError, ImportError) as err:
         _fail(str(err))
 
+    from adarl.train.control import RankFailure
+
     ranks = None
     if loaded.train.parallel == "fsdp2":  # under torchrun: rank 0 runs the trainer, the others its learner calls
         from adarl.train import sharded
@@ -96,16 +98,21 @@ def train(
                 ranks = RayLearnerRanks(loaded)
             except (RuntimeError, ValueError, ImportError) as err:
                 _fail(str(err))
-        if sharded.init_distributed(loaded.model.device) != 0:
+        if sharded.init_distributed(loaded.model.device, loaded.train.collective_timeout_s,
+                                    loaded.train.heartbeat_timeout_s) != 0:
             try:
                 follow(loaded)
+            except RankFailure as err:
+                _fail(str(err))
             finally:
                 sharded.end_distributed()
             return
     try:
         last = _run(loaded, target, resume is not None)
+    except RankFailure as err:  # a learner rank died or hangs (train/control.py)
+        _fail(f"{err}\nThe last complete checkpoint is intact: continue with adarl train --resume {target}")
     finally:
-        if ranks is not None:  # released, awaited and freed; a rank that failed is named
+        if ranks is not None:  # released, awaited and freed; a rank that failed is named with its own error
             if failure := ranks.close():
                 _fail(failure)
         elif loaded.train.parallel == "fsdp2":

@@ -31,9 +31,9 @@ ON_RAY = ["train.parallel=fsdp2", "cluster.learner_ranks=2"]
 
 def ray_recipe(model_dir: Path, tmp_path: Path, **over) -> Path:
     """Two steps of 2 prompts on one Ray rollout worker (1 CPU): the other CPU is for the learner actor."""
+    over = {"train": {"lr": 1e-3}, **over}
     data = recipe_data(model_dir, write_task(tmp_path), budget={"max_steps": 2, "prompts_per_step": 2},
-                       train={"lr": 1e-3}, log={"tensorboard": False, "progress": False},
-                       cluster={"backend": "ray", "workers": 1}, **over)
+                       log={"tensorboard": False, "progress": False}, cluster={"backend": "ray", "workers": 1}, **over)
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(yaml.safe_dump(data))
     return recipe
@@ -76,7 +76,9 @@ def test_ray_placed_ranks_train_as_one_process(tiny_model_dir, tmp_path):
                                            ("exit", "learner rank 1's Ray actor died")])
 def test_a_failing_rank_ends_the_run_naming_it(tiny_model_dir, tmp_path, how, said):
     # rank 1's loss fails in the first update, while rank 0 waits in that update's collectives
-    recipe = ray_recipe(tiny_model_dir, tmp_path, loss={"name": "learner_faults:FailsOnRank1", "how": how})
+    # (rank 0 waits up to a heartbeat timeout to see a rank fall silent after a collective failed: train/control.py)
+    recipe = ray_recipe(tiny_model_dir, tmp_path, loss={"name": "learner_faults:FailsOnRank1", "how": how},
+                        train={"lr": 1e-3, "heartbeat_timeout_s": 8})
     start = time.monotonic()
     done = cli(tmp_path, str(recipe), *ON_RAY, "--run-dir", str(tmp_path / "run"))
     assert done.returncode == 2, done.stderr[-3000:]

@@ -144,3 +144,104 @@ def test_fsdp2_refuses_what_it_does_not_shard(tiny_model_dir, tmp_path):
         load_recipe(data=data)
     with pytest.raises(RecipeError, match="cpu_offload offloads FSDP2 shards"):
         load_recipe(data=recipe_data(tiny_model_dir, write_task(tmp_path), train={"cpu_offload": True}))
+
+
+# ---------------------------------------------------------------- faults (train/control.py)
+
+
+def _sharded_cli(tiny_model_dir: Path, tmp_path: Path):
+    """A 3-step recipe (a checkpoint after each step) and `run(*args, faults={...})`: `torchrun
+    --nproc-per-node 2 -m adarl.cli train ...` with the test-only fault variables, its result and wall time."""
+    import time
+
+    import yaml
+
+    from test_train import recipe_data, write_task
+
+    data = recipe_data(tiny_model_dir, write_task(tmp_path), budget={"max_steps": 3, "prompts_per_step": 2},
+                       train={"lr": 1e-3, "parallel": "fsdp2"}, checkpoint={"every": 1, "keep": 3},
+                       log={"tensorboard": False, "progress": False})
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(data))
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "adarl.cli"]
+
+    def run(*args: str, faults: dict | None = None) -> tuple[subprocess.CompletedProcess, float]:
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE", **(faults or {}),
+               "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")])}
+        start = time.monotonic()
+        done = subprocess.run([*torchrun, "train", *args], env=env, capture_output=True, text=True, timeout=300,
+                              cwd=tmp_path)
+        return done, time.monotonic() - start
+
+    return recipe, run
+
+
+def _steps(run_dir: Path) -> list[int]:
+    import json
+
+    return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_rank_killed_mid_update_ends_the_run_and_the_resume_matches(tiny_model_dir, tmp_path):
+    """Rank 1 SIGKILLed in its second update (rank 0 is inside that update's collectives): the run ends
+    at once, naming rank 1; step 1's checkpoint is the last complete one; `--resume` (2 ranks) then trains
+    steps 2 and 3 to the weights and metrics of the run that was never interrupted."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from adarl.metrics.step import TIMING_KEYS
+    from adarl.train import checkpoint
+
+    recipe, run = _sharded_cli(tiny_model_dir, tmp_path)
+    done, _ = run(str(recipe), "--run-dir", str(tmp_path / "straight"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    done, seconds = run(str(recipe), "--run-dir", str(tmp_path / "killed"),
+                        faults={"ADARL_TEST_KILL": "update@2", "ADARL_TEST_KILL_RANK": "1"})
+    assert done.returncode != 0 and seconds < 120
+    assert "ADARL_TEST_KILL: SIGKILL on entering update@2 (rank 1)" in done.stderr
+    assert "local_rank: 1" in done.stderr  # torchrun's account: the rank that failed first, and its exit code -9
+    assert "exitcode: -9" in done.stderr
+    killed = tmp_path / "killed"
+    assert checkpoint.latest(killed / "checkpoints").name == "step_000001" and _steps(killed) == [1]
+    done, _ = run("--resume", str(killed))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "from step 1" in done.stderr
+    rows = {name: [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+            for name in ("straight", "killed")}
+    untimed = [[{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in rows[n]] for n in rows]
+    assert untimed[0] == untimed[1]
+    a, b = (load_file(tmp_path / name / "final" / "model.safetensors") for name in ("straight", "killed"))
+    assert max_difference(a, b) == 0.0
+
+
+def test_a_hung_rank_ends_the_run_naming_it(tiny_model_dir, tmp_path):
+    """Rank 1 stopped (SIGSTOP) in its second update: rank 0's collective times out after
+    train.collective_timeout_s and the run ends with an error naming rank 1 and the resume command;
+    step 1's checkpoint stays the last complete one."""
+    from adarl.train import checkpoint
+
+    recipe, run = _sharded_cli(tiny_model_dir, tmp_path)
+    done, seconds = run(str(recipe), "train.collective_timeout_s=8", "train.heartbeat_timeout_s=4",
+                        "--run-dir", str(tmp_path / "hung"),
+                        faults={"ADARL_TEST_KILL": "update@2", "ADARL_TEST_KILL_RANK": "1",
+                                "ADARL_TEST_KILL_SIGNAL": "STOP"})
+    assert done.returncode != 0 and seconds < 150, (seconds, done.stderr[-3000:])
+    assert "ADARL_TEST_KILL: SIGSTOP on entering update@2 (rank 1)" in done.stderr
+    assert "error: rank 0: the learner's update failed" in done.stderr, done.stderr[-3000:]
+    assert "rank 1 (no heartbeat for" in done.stderr and "it died or hangs" in done.stderr
+    assert f"adarl train --resume {tmp_path / 'hung'}" in done.stderr
+    assert checkpoint.latest(tmp_path / "hung" / "checkpoints").name == "step_000001"
+
+
+def test_the_ranks_stop_when_rank_0_hangs(tiny_model_dir, tmp_path):
+    """Rank 0 stopped while it generates step 2: rank 1, waiting for its next call without a collective,
+    sees rank 0's heartbeat stop and ends within train.heartbeat_timeout_s, naming rank 0 (a collective
+    timeout alone could not tell a long generation from a hang)."""
+    recipe, run = _sharded_cli(tiny_model_dir, tmp_path)
+    done, seconds = run(str(recipe), "train.heartbeat_timeout_s=4", "--run-dir", str(tmp_path / "hung"),
+                        faults={"ADARL_TEST_KILL": "generate@2", "ADARL_TEST_KILL_RANK": "0",
+                                "ADARL_TEST_KILL_SIGNAL": "STOP"})
+    assert done.returncode != 0 and seconds < 150, (seconds, done.stderr[-3000:])
+    assert "ADARL_TEST_KILL: SIGSTOP on entering generate@2 (rank 0)" in done.stderr
+    assert "error: rank 1 stops: rank 0 (no heartbeat for" in done.stderr, done.stderr[-3000:]

@@ -47,7 +47,8 @@ class LearnerRank:
         from adarl.train import sharded
         from adarl.train.build import follow
 
-        sharded.init_distributed(recipe.model.device)
+        sharded.init_distributed(recipe.model.device, recipe.train.collective_timeout_s,
+                                 recipe.train.heartbeat_timeout_s)
         follow(recipe)  # an error ends this call; rank 0 sees it and kills the actors (their sockets close)
         sharded.end_distributed()
 
@@ -94,14 +95,14 @@ class RayLearnerRanks:
                 ).remote({**env, "RANK": str(r), "LOCAL_RANK": "0"}, threads, list(sys.path)))
             self.calls = {a.follow.remote(recipe): r for r, a in enumerate(self.actors, 1)}
             os.environ.update(env, RANK="0", LOCAL_RANK="0")  # this process: rank 0, as torchrun would set it
-            self._join(recipe.model.device)
+            self._join(recipe)
         except BaseException:
             self._free()
             raise
         self._watcher = threading.Thread(target=self._watch, name="adarl-learner-ranks", daemon=True)
         self._watcher.start()
 
-    def _join(self, device: str) -> None:
+    def _join(self, recipe: Recipe) -> None:
         """Join the process group (rank 0 holds the rendezvous) while watching the actors: one that fails
         before it joins would leave rank 0 waiting for it until the timeout."""
         from adarl.train import sharded
@@ -110,7 +111,8 @@ class RayLearnerRanks:
 
         def join() -> None:
             try:
-                sharded.init_distributed(device)
+                sharded.init_distributed(recipe.model.device, recipe.train.collective_timeout_s,
+                                         recipe.train.heartbeat_timeout_s)
             except BaseException as err:  # noqa: BLE001 - raised below, in this thread
                 errors.append(err)
 

@@ -44,13 +44,17 @@ _STALE = ("*.tmp", "*.del")
 # ---------------------------------------------------------------- test-only fault injection
 
 _KILL_SPEC = os.environ.get("ADARL_TEST_KILL", "")  # "phase@step" or "phase@step+delay_s"
+# a sharded run: only this rank is hit; SIGSTOP instead of SIGKILL stands for a rank that hangs
+if os.environ.get("ADARL_TEST_KILL_RANK", os.environ.get("RANK", "0")) != os.environ.get("RANK", "0"):
+    _KILL_SPEC = ""
+_SIGNAL = signal.SIGSTOP if os.environ.get("ADARL_TEST_KILL_SIGNAL") == "STOP" else signal.SIGKILL
 _armed: list[str] = []  # the phase a delayed kill is waiting in
 
 
 def _die(where: str) -> None:
-    sys.stderr.write(f"ADARL_TEST_KILL: SIGKILL {where}\n")
+    sys.stderr.write(f"ADARL_TEST_KILL: {_SIGNAL.name} {where} (rank {os.environ.get('RANK', '0')})\n")
     sys.stderr.flush()
-    os.kill(os.getpid(), signal.SIGKILL)
+    os.kill(os.getpid(), _SIGNAL)
 
 
 def crash_point(phase: str, step: int) -> None:

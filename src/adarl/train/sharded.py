@@ -33,22 +33,26 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from adarl.rollout.base import Weights
+from adarl.train.checkpoint import crash_point
+from adarl.train.control import STORE_ERRORS, Control, RankFailure
 from adarl.train.checkpoint import load_dcp, save_dcp
 from adarl.train.learner import Learner, StepData
 from adarl.train.logprobs import completion_logprobs
 from adarl.types import Batch
 
 _serving = False  # rank 0: the other ranks serve a learner (or will, once built) and wait for its calls
+_control: Control | None = None  # with several ranks: rank 0's calls and the heartbeats (train/control.py)
 
 
 def rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
-def init_distributed(device: str = "auto", timeout_s: float | None = None) -> int:
+def init_distributed(device: str = "auto", timeout_s: float | None = None, heartbeat_timeout_s: float = 60.0) -> int:
     """Join the ranks `torchrun` started (or make a one-rank group without it); this rank.
 
-    gloo carries the control messages (and the collectives on a CPU); NCCL the CUDA tensors."""
+    gloo carries the control messages (and the collectives on a CPU); NCCL the CUDA tensors. `timeout_s`
+    bounds every collective; with several ranks each rank also beats (train/control.py)."""
     if not dist.is_initialized():
         cuda = device != "cpu" and torch.cuda.is_available()
         if cuda:
@@ -59,12 +63,16 @@ def init_distributed(device: str = "auto", timeout_s: float | None = None) -> in
             dist.init_process_group(backend, timeout=timeout)
         else:
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
-        global _serving
+        global _serving, _control
         _serving = dist.get_world_size() > 1
+        if _serving:
+            _control = Control(dist.get_rank(), dist.get_world_size(), heartbeat_timeout_s)
     return dist.get_rank()
 
 
 def end_distributed() -> None:
+    global _control
+    _control = None
     if dist.is_initialized():
         dist.destroy_process_group()
 
@@ -76,11 +84,21 @@ def _broadcast(message: Any = None) -> Any:
 
 
 def release_followers() -> None:
-    """Rank 0: let the serving ranks end (also when the run failed before its learner existed)."""
+    """Rank 0: let the serving ranks end (also when the run failed before its learner existed, or a rank
+    failed: "close" goes through the store, so no collective with a dead rank is attempted)."""
     global _serving
-    if _serving and rank() == 0:
+    if _serving and rank() == 0 and _control is not None:
         _serving = False
-        _broadcast(("close", (), None))
+        try:
+            _control.announce("close")
+        except STORE_ERRORS:
+            pass  # the store is gone: the other ranks see that and stop
+
+
+def _collective_error(err: BaseException) -> bool:
+    """A failed or timed-out collective (gloo and NCCL raise RuntimeErrors naming themselves)."""
+    text = str(err)
+    return isinstance(err, dist.DistError) or (isinstance(err, RuntimeError) and ("gloo" in text or "NCCL" in text))
 
 
 def split_by_tokens(order: list[int], lengths: list[int], ranks: int) -> list[list[int]]:
@@ -130,14 +148,21 @@ def shard(model: torch.nn.Module, mixed_precision: str, fp32_lm_head: bool, cpu_
 
 
 def everywhere(method):
-    """A learner call every rank makes: rank 0 broadcasts it (its name, arguments and rank 0's learner RNG
-    state) before running it; the other ranks receive it in `serve`."""
+    """A learner call every rank makes: rank 0 announces it and broadcasts it (its name, arguments and rank 0's
+    learner RNG state) before running it; the other ranks receive it in `serve`. A collective of the call
+    that fails or times out raises `RankFailure` naming the rank that died or hangs."""
 
     @functools.wraps(method)
     def call(self: ShardedLearner, *args: Any) -> Any:
-        if self.rank == 0 and self.world > 1:
-            _broadcast((method.__name__, args, self.rng.bit_generator.state))
-        return method(self, *args)
+        try:
+            if self.rank == 0 and self.world > 1:
+                _control.announce("call")
+                _broadcast((method.__name__, args, self.rng.bit_generator.state))
+            return method(self, *args)
+        except Exception as err:
+            if self.world > 1 and _collective_error(err):
+                raise _control.failure(f"the learner's {method.__name__.lstrip('_')}", err) from err
+            raise
 
     return call
 
@@ -148,7 +173,7 @@ class ShardedLearner(Learner):
     sharded = True
 
     def __init__(self, model: torch.nn.Module, loss, cfg, **kw: Any):
-        init_distributed(str(next(model.parameters()).device.type))
+        init_distributed(str(next(model.parameters()).device.type), cfg.collective_timeout_s, cfg.heartbeat_timeout_s)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         global _serving
         _serving = self.world > 1
@@ -158,17 +183,22 @@ class ShardedLearner(Learner):
         if compute.type == "cuda":
             compute = torch.device("cuda", torch.cuda.current_device())
         self.device = compute  # with cpu_offload the shards sit on the host; compute stays here
+        self.updates = 0  # this process's updates (the tests' fault injection counts them)
 
     # ------------------------------------------------------------ rank 0 drives, the others serve
 
     def serve(self) -> None:
-        """Ranks 1..N-1: run rank 0's learner calls until it closes."""
-        while True:
-            name, args, rng_state = _broadcast()
-            if name == "close":
-                return
-            self.rng.bit_generator.state = rng_state
-            getattr(type(self), name).__wrapped__(self, *args)
+        """Ranks 1..N-1: run rank 0's learner calls until it closes (or stops beating: `RankFailure`)."""
+        while _control.next_call() != "close":
+            name = "call"
+            try:
+                name, args, rng_state = _broadcast()
+                self.rng.bit_generator.state = rng_state
+                getattr(type(self), name).__wrapped__(self, *args)
+            except Exception as err:
+                if _collective_error(err):
+                    raise _control.failure(f"the learner's {name.lstrip('_')}", err) from err
+                raise
 
     def close(self) -> None:
         release_followers()
@@ -178,6 +208,7 @@ class ShardedLearner(Learner):
 
     @everywhere
     def _update(self, portable: tuple, weights: list[np.ndarray] | None) -> dict[str, float]:
+        self.updates += 1
         return Learner.update(self, _restore(portable), weights)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -235,6 +266,7 @@ class ShardedLearner(Learner):
         super().forward_backward(data, todo, {i: w * self.world for i, w in seq_weight.items()})
 
     def _micro_step(self, data: StepData, micro: list[int], seq_weight: dict[int, float]) -> None:
+        crash_point("update", self.updates)  # test-only (ADARL_TEST_KILL): a rank killed or stopped mid-update
         if micro:
             return super()._micro_step(data, micro, seq_weight)
         _, logp, _ = self._forward([], grad=True)
