@@ -86,10 +86,18 @@ def train(
 
     from adarl.train.control import RankFailure
 
+    ranks = None
     if loaded.train.parallel == "fsdp2":  # under torchrun: rank 0 runs the trainer, the others its learner calls
         from adarl.train import sharded
         from adarl.train.build import follow
 
+        if loaded.cluster.learner_ranks > 1:  # this process is rank 0; ranks 1..N-1 are Ray actors
+            from adarl.cluster.learners import RayLearnerRanks
+
+            try:
+                ranks = RayLearnerRanks(loaded)
+            except (RuntimeError, ValueError, ImportError) as err:
+                _fail(str(err))
         if sharded.init_distributed(loaded.model.device, loaded.train.collective_timeout_s,
                                     loaded.train.heartbeat_timeout_s) != 0:
             try:
@@ -104,7 +112,10 @@ def train(
     except RankFailure as err:  # a learner rank died or hangs (train/control.py)
         _fail(f"{err}\nThe last complete checkpoint is intact: continue with adarl train --resume {target}")
     finally:
-        if loaded.train.parallel == "fsdp2":
+        if ranks is not None:  # released, awaited and freed; a rank that failed is named with its own error
+            if failure := ranks.close():
+                _fail(failure)
+        elif loaded.train.parallel == "fsdp2":
             sharded.release_followers()  # also when rank 0 failed before or during its run
             sharded.end_distributed()
     keys = [k for k in ("step", "tokens", "reward", "pass_rate", "eval/pass@1") if k in last]

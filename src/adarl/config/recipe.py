@@ -70,6 +70,10 @@ class Recipe(Section):
         if self.cluster.backend == "ray" and ":" in self.rollout.backend:
             raise ValueError(f"cluster.backend ray runs rollout.backend hf or vllm on its workers, not "
                              f"{self.rollout.backend!r}: use cluster.backend local for an engine of your own")
+        if self.cluster.learner_ranks > 1 and (self.train.parallel != "fsdp2" or self.cluster.backend != "ray"):
+            raise ValueError(f"cluster.learner_ranks {self.cluster.learner_ranks} starts the sharded learner's ranks "
+                             "as Ray actors: set train.parallel fsdp2 and cluster.backend ray too, or "
+                             "cluster.learner_ranks 1")
         if self.train.cpu_offload and self.train.parallel != "fsdp2":
             raise ValueError("train.cpu_offload offloads FSDP2 shards: set train.parallel fsdp2 too")
         return self
