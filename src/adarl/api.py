@@ -76,7 +76,7 @@ def train(recipe: str | Path | dict[str, Any] | Recipe, run_dir: str | Path | No
         loaded = load_recipe(recipe, overrides)
     target = Path(run_dir) if run_dir is not None else Path("runs") / loaded.name
     check_run(loaded, target, resume)
-    if loaded.cluster.learner_ranks > 1:  # the CLI starts and watches them (cluster/learners.py)
+    if loaded.cluster.learner_ranks > 1:  # the CLI starts and watches them (train/ray_ranks.py)
         raise RecipeError(f"cluster.learner_ranks {loaded.cluster.learner_ranks}: learner ranks on Ray start from "
                           "the command line (`adarl train RECIPE`); here set cluster.learner_ranks 1")
     return Trainer(loaded, target).run(resume=resume, callbacks=callbacks)

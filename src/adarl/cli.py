@@ -92,7 +92,7 @@ def train(
         from adarl.train.build import follow
 
         if loaded.cluster.learner_ranks > 1:  # this process is rank 0; ranks 1..N-1 are Ray actors
-            from adarl.cluster.learners import RayLearnerRanks
+            from adarl.train.ray_ranks import RayLearnerRanks
 
             try:
                 ranks = RayLearnerRanks(loaded)

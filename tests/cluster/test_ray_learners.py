@@ -1,4 +1,4 @@
-"""The sharded learner's ranks as Ray actors (cluster/learners.py): `adarl train` as one plain process is
+"""The sharded learner's ranks as Ray actors (train/ray_ranks.py): `adarl train` as one plain process is
 rank 0 and starts rank 1 on a private loopback Ray, beside the rollout worker.
 
 What must hold: such a run trains as one process does (the same rollouts, rewards and gradient norms
@@ -89,7 +89,7 @@ def test_a_failing_rank_ends_the_run_naming_it(tiny_model_dir, tmp_path, how, sa
 
 def test_learner_ranks_need_fsdp2_ray_and_no_torchrun(tiny_model_dir, tmp_path, monkeypatch):
     from adarl.api import train
-    from adarl.cluster.learners import RayLearnerRanks
+    from adarl.train.ray_ranks import RayLearnerRanks
 
     for over in ({"cluster": {"backend": "ray", "learner_ranks": 2}},
                  {"cluster": {"learner_ranks": 2}, "train": {"parallel": "fsdp2"}}):

@@ -47,6 +47,6 @@ class ClusterConfig(Section):
     verifiers: int = Field(0, ge=0, le=4096)  # reward scoring on N Ray actors; 0: the trainer's own process pool
     verifier_cpus: float = Field(1.0, ge=0.0, le=1024.0)  # CPUs each verifier actor reserves
     # the sharded learner's world size (train.parallel fsdp2) without torchrun: `adarl train` is rank 0 and
-    # starts ranks 1..N-1 as Ray actors (cluster/learners.py); 1: no learner actors (torchrun's ranks, or none)
+    # starts ranks 1..N-1 as Ray actors (train/ray_ranks.py); 1: no learner actors (torchrun's ranks, or none)
     learner_ranks: int = Field(1, gt=0, le=4096)
     learner_resources: WorkerResources = WorkerResources()  # what each learner actor reserves
