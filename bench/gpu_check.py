@@ -13,7 +13,8 @@ error and the next one runs.
    CPU, PPO-clip, token-mean, AdamW) from the same weights on the CPU and on `--device`: the loss, the
    gradient norm and the updated weights agree within 1e-4 relative in float32; bf16 mixed precision
    (`train.mixed_precision: bf16`) is compared against the float32 CPU update and must stay within 2e-2
-   relative in loss and gradient norm.
+   relative in loss and gradient norm. The same with LoRA adapters (r 4 on q and v, `device_*_lora`): the
+   adapters' update on the device against the CPU's.
 2. `trainer`: two `Trainer.train_step()`s of the tiny model with `model.device` set to `--device`
    (generation, verification, update, weight sync: the whole step on the device), with its metrics row
    (peak device memory, train/sampler mismatch).
@@ -164,18 +165,29 @@ def equality(device: torch.device) -> dict[str, Any]:
     batch, pad_id = sampled_batch(base, tok, prompts=4, n=8, new_tokens=24, seed=0)
     start = copy.deepcopy(base.state_dict())
 
-    def run(dev: torch.device, mp: str) -> dict[str, Any]:
+    def run(dev: torch.device, mp: str, lora: bool = False) -> dict[str, Any]:
         model = random_model(TINY, torch.float32, dev, seed=0)
         model.load_state_dict(start)
+        if lora:  # adapters initialised on the CPU (its RNG), then moved: both sides start alike
+            from adarl.config import LoraConfig
+            from adarl.models import apply_lora
+
+            torch.manual_seed(1)
+            model = apply_lora(model.cpu(), LoraConfig(r=4, alpha=8, target_modules=["q_proj", "v_proj"])).to(dev)
         return one_update(model, batch, pad_id, mp, 24)
 
-    ref = run(cpu, "no")
+    refs = {False: run(cpu, "no"), True: run(cpu, "no", lora=True)}
+    ref = refs[False]
     out: dict[str, Any] = {"rollouts": len(batch), "tokens": sum(len(r) for r in batch.rollouts),
                            "nonzero_advantages": int(np.count_nonzero(batch.advantages)),
                            "cpu_float32": {k: ref["metrics"][k] for k in ("loss", "grad_norm")}}
-    for label, dev, mp, tol in (("device_float32", device, "no", 1e-4), ("device_bf16_mixed", device, "bf16", 2e-2),
-                                ("cpu_bf16_mixed", cpu, "bf16", 2e-2)):
-        got = run(dev, mp)
+    # LoRA (issue 33 item 3): the adapters' update on the device against the same LoRA update on the CPU
+    for label, dev, mp, tol, lora in (("device_float32", device, "no", 1e-4, False),
+                                      ("device_bf16_mixed", device, "bf16", 2e-2, False),
+                                      ("cpu_bf16_mixed", cpu, "bf16", 2e-2, False),
+                                      ("device_float32_lora", device, "no", 1e-4, True),
+                                      ("device_bf16_mixed_lora", device, "bf16", 2e-2, True)):
+        got, ref = run(dev, mp, lora), refs[lora]
         # per tensor ‖w_device − w_cpu‖ / ‖w_cpu‖, the largest over the model's tensors
         weight_rel = max(float((got["after"][n] - ref["after"][n]).norm() / ref["after"][n].norm())
                          for n in ref["after"])

@@ -127,6 +127,10 @@ def test_bf16_mixed_precision_trains_and_tracks_float32(tiny_model_dir, tmp_path
     assert abs(np.mean([r["reward"] for r in mixed[-3:]]) - np.mean([r["reward"] for r in full[-3:]])) < 0.15
 
 
+def rel(a: float, b: float) -> float:
+    return abs(a - b) / abs(b)
+
+
 @pytest.mark.model
 def test_gpu_check_runs_at_its_smallest_setting_on_the_cpu(tmp_path):
     sections = "equality,fsdp2,trainer,shapes,profile" + (",vs_trl" if importlib.util.find_spec("trl") else "")
@@ -138,6 +142,9 @@ def test_gpu_check_runs_at_its_smallest_setting_on_the_cpu(tmp_path):
     for name in sections.split(","):
         assert "error" not in result[name], result[name].get("traceback")
     assert result["equality"]["device_float32"]["ok"] and result["equality"]["device_bf16_mixed"]["ok"]
+    lora = result["equality"]["device_float32_lora"]  # the adapters alone trained: another gradient
+    assert lora["ok"] and result["equality"]["device_bf16_mixed_lora"]["ok"]
+    assert lora["grad_norm"] > 0 and rel(lora["grad_norm"], result["equality"]["device_float32"]["grad_norm"]) > 0.01
     assert [result["trainer"][k]["model_device"] for k in ("float32", "bf16_mixed")] == ["cpu", "cpu"]
     decode = result["shapes"]["qwen-tiny-a"]["decode"]
     assert [d["rows"] for d in decode] == [64, 256] and all(d["adarl_tokens"] > 0 for d in decode)
