@@ -15,6 +15,10 @@ tokens over `--seeds`; reported are final held-out pass@1 (mean ± std), mean po
 training and mean clip fraction. Finished runs are kept under --runs (bench/equal_budget.py).
 
     .venv/bin/python bench/objectives.py --quality --objectives grpo,gspo,bapo --seeds 0,1,2
+
+`--smoke --model TINY` is the smallest run of either part (2 prompts × 4 rollouts of up to 16 tokens, the
+overlong shaping's buffer; a reward a random model earns about half the time; one round; quality: one seed
+to 128 tokens): tests/benchmarks/test_bench_smoke.py runs it on a tiny random model. Its figures mean nothing.
 """
 
 from __future__ import annotations
@@ -78,6 +82,12 @@ def _overrides(spec: dict) -> list[str]:
     return out
 
 
+# the smallest run (--smoke): a tiny batch, and a reward a random model earns about half the time, so
+# advantages, token weights and losses are not all zero
+SMOKE = ["rollout.backend=hf", "budget.prompts_per_step=2", "allocate.n=4", "rollout.max_new_tokens=16",
+         "task.size=16", "task.eval_size=4", "eval.size=4",
+         'rewards=[{type: format, pattern: "[aeiou]", correctness: true}]']
+
 # ------------------------------------------------------------------------------------- overhead
 
 
@@ -87,9 +97,10 @@ def _timed(fn) -> float:
     return time.perf_counter() - t0
 
 
-def overhead(recipe_path: str, names: list[str], repeats: int, seed: int, micro_only: bool = False) -> list[dict]:
+def overhead(recipe_path: str, names: list[str], repeats: int, seed: int, micro_only: bool = False,
+             extra: list[str] = (), rounds: int = 20) -> list[dict]:
     base = load_recipe(recipe_path, [f"seed={seed}", "train.lr=1e-30", "log.progress=false",
-                                     "log.tensorboard=false", "checkpoint.every=0"])
+                                     "log.tensorboard=false", "checkpoint.every=0", *extra])
     trainer = Trainer(base, Path("runs/bench-objectives-overhead"))
     step_s = _timed(trainer.train_step)  # warm-up: allocations, first-touch pages
     print(f"warm-up step {step_s:.1f} s", flush=True)
@@ -110,7 +121,7 @@ def overhead(recipe_path: str, names: list[str], repeats: int, seed: int, micro_
     verified = [Group(p, trainer.prompt_ids(p), by_prompt[p.id]) for p in problems]
     trainer.rewards.score(verified)
     trainer.generator.set_entropy_stats(None)
-    costs = component_costs(trainer, verified, names)
+    costs = component_costs(trainer, verified, names, rounds)
     grpo = costs["grpo"]
     print("\n| component | own stages (ms) | own loss fwd+bwd (ms) | extra vs GRPO (ms) "
           "| tokens in the loss (A·w ≠ 0) |")
@@ -222,6 +233,7 @@ def quality(args: argparse.Namespace, names: list[str]) -> list[dict]:
         for n in names:
             run_dir = Path(args.runs) / f"b{args.budget_tokens}" / n / f"seed{s}"
             overrides = budget_overrides(s, args.budget_tokens, args.eval_every, args.eval_size, args.threads)
+            overrides += args.extra
             kept = Path(args.results) / f"b{args.budget_tokens}" / n / f"seed{s}"
             results[n, s] = train_run(args.recipe, overrides + _overrides(OBJECTIVES[n]), run_dir, f"{n} seed {s}",
                                       args.report_only, kept)
@@ -260,7 +272,13 @@ def main() -> None:
     parser.add_argument("--results", default="bench/results/objectives", help="finished runs' metrics (in git)")
     parser.add_argument("--report-only", action="store_true")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--model", default=None, help="a path or alias (default: the recipe's)")
+    parser.add_argument("--smoke", action="store_true", help="the smallest run: 2 prompts × 4 rollouts of 16 tokens, "
+                        "1 round; quality: seed 0 to 128 tokens (with a tiny --model, for tests; figures mean nothing)")
     args = parser.parse_args()
+    args.extra = ([f"model.path={args.model}"] if args.model else []) + (SMOKE if args.smoke else [])
+    if args.smoke:
+        args.repeats, args.seeds, args.budget_tokens, args.eval_every, args.eval_size = 1, "0", 128, 0, 4
     names = args.objectives.split(",")
     unknown = [n for n in names if n not in OBJECTIVES]
     if unknown or not (args.overhead or args.quality):
@@ -270,7 +288,7 @@ def main() -> None:
     report = {}
     if args.overhead:
         report["overhead"] = overhead(args.recipe, ["grpo", *[n for n in names if n != "grpo"]], args.repeats, 0,
-                                      args.micro_only)
+                                      args.micro_only, args.extra, rounds=2 if args.smoke else 20)
     if args.quality:
         report["quality"] = quality(args, names)
     if args.out:
