@@ -159,7 +159,8 @@ def main() -> None:
     from adarl.tasks import build_task
 
     recipe = load_recipe(Path(__file__).resolve().parents[1] / "recipes" / "quickstart.yaml",
-                         ["task.system_prompt=null", "rollout.max_new_tokens=128"])
+                         ["task.system_prompt=null", "rollout.max_new_tokens=128"]
+                         + (["task.size=16", "task.eval_size=4"] if args.smoke else []))
     task = build_task(recipe.task)
     model, tok = load_model(ModelConfig(path=args.model), for_training=False)
     model.eval().to(args.device)

@@ -22,15 +22,15 @@ ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = str(ROOT / "recipes" / "quickstart.yaml")
 
 
-def bench(name: str, *args: str, cwd: Path, timeout: float = 300) -> str:
+def bench(name: str, *args: str, cwd: Path, returncode: int = 0, timeout: float = 300) -> str:
     """Run bench/<name>.py with `args` in `cwd` (a temporary folder: nothing is written into the repository);
-    its stdout, after asserting it exited 0."""
+    its stdout, after asserting its exit status."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "ADARL_AUTO_BACKEND": "hf",
            "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / f"{name}.py"), *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == returncode, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout
 
 
@@ -59,7 +59,7 @@ def test_scale_7b_prints_its_tables_from_the_kept_results(tmp_path):
             if re.match(r"\| \d", line)]
     memory, steps = [r for r in rows if len(r) == 7], [r for r in rows if len(r) == 10]
     assert [int(r[0]) for r in memory] == [4, 6, 8, 16, 30] and len(steps) == 5
-    for k, *parts, total, rank0 in memory:
+    for _k, *parts, total, rank0 in memory:
         assert sum(parts) == pytest.approx(total, abs=0.25) and rank0 > total
     for _gpus, _k, _w, _rollouts, generate, update, publish, step, tok_s, update_low in steps:
         assert generate + update + publish == pytest.approx(step, abs=0.25) and positive(tok_s)
@@ -161,3 +161,135 @@ def test_memory_trace_smoke_sees_every_phase(tiny_model_dir, tmp_path):
     # the process's peak is no lower than any sample (the kernel updates VmHWM lazily: within 1%)
     assert result["vmhwm_gb"] >= 0.99 * max(peaks.values())
     assert "process peak (VmHWM)" in stdout
+
+
+def test_objectives_smoke_times_and_trains_each_kind_of_component(tiny_model_dir, tmp_path):
+    """--overhead --quality --smoke: one of each kind (advantage + shaping, token weighting, loss + adaptive
+    temperature) against plain GRPO, on one batch of 2 prompts × 8 rollouts; quality to 128 tokens."""
+    names = ["grpo", "hbpo", "d3s", "hapo"]
+    out = tmp_path / "objectives.json"
+    bench("objectives", "--overhead", "--quality", "--smoke", "--objectives", ",".join(names), "--model",
+          str(tiny_model_dir), "--recipe", QUICKSTART, "--runs", str(tmp_path / "runs"), "--results",
+          str(tmp_path / "results"), "--out", str(out), cwd=tmp_path)
+    result = json.loads(out.read_text())
+    overhead = {r["component"]: r for r in result["overhead"]}
+    assert list(overhead) == [*names, "adaptive_temperature (generation)"]
+    assert overhead["grpo"]["overhead"] == 0.0
+    for name in names:
+        row = overhead[name]
+        assert positive(row["update_s"]) and math.isfinite(row["overhead"]) and positive(row["loss_ms"]), row
+        assert 0 < row["trained_tokens"] <= 2 * 8 * 16, row  # the reward is earned: not every advantage is 0
+    quality = result["quality"]
+    assert [r["objective"] for r in quality] == names
+    for row in quality:
+        assert 0 <= row["final_mean"] <= 1 and row["final_std"] == 0.0 and positive(row["entropy"]), row
+    for name in names:  # the runs' metrics are kept, so a second call reuses them
+        assert (tmp_path / "results" / "b128" / name / "seed0" / "metrics.jsonl").is_file()
+
+
+def test_longtail_smoke_trains_sync_and_partial_to_the_budget(tiny_model_dir, tmp_path):
+    """--smoke: each mode trains seed 0 to 128 generated tokens."""
+    modes = ["sync", "partial"]
+    out = tmp_path / "longtail.json"
+    stdout = bench("longtail", "--smoke", "--modes", ",".join(modes), "--model", str(tiny_model_dir), "--recipe",
+                   QUICKSTART, "--runs", str(tmp_path / "runs"), "--results", str(tmp_path / "results"),
+                   "--out", str(out), cwd=tmp_path)
+    table = json.loads(out.read_text())
+    assert [r["mode"] for r in table] == modes and all(r["runs"] == 1 for r in table)
+    assert table[0]["vs_sync"] == 1.0
+    for row in table:
+        assert positive(row["throughput"]) and positive(row["end_to_end"]) and positive(row["vs_sync"]), row
+        assert row["end_to_end"] <= row["throughput"]  # the whole step is longer than its generation
+        assert 0 <= row["final_mean"] <= 1, row
+    for mode in modes:
+        rows = [json.loads(x) for x in (tmp_path / "results" / "b128" / mode / "seed0" / "metrics.jsonl").open()]
+        assert 0 < rows[-1]["tokens"] <= 128 + 2 * 4 * 8, rows[-1]  # a step may pass the budget by one step's worth
+    assert "128 generated tokens per run; seeds [0]" in stdout
+
+
+def test_branching_smoke_samples_every_policy_and_tabulates_it(tiny_model_dir, tmp_path, monkeypatch):
+    """--smoke: every policy, 2 held-out prompts × 8 leaves, seed 0; one file per policy, then the table."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    from tree_policies import POLICIES
+
+    out = tmp_path / "branching"
+    stdout = bench("branching", "--smoke", "--model", str(tiny_model_dir), "--threads", "1", "--recipe", QUICKSTART,
+                   "--out", str(out), cwd=tmp_path)
+    for policy in POLICIES:
+        r = json.loads((out / "addition" / policy / "seed0.json").read_text())
+        assert (r["prompts"], r["n"], r["seed"]) == (2, 8, 0), policy
+        pass_at = [r["pass@k"][str(k)] for k in range(1, 9)]
+        # pass@k rises with k
+        assert all(0 <= a <= b <= 1 for a, b in zip(pass_at, pass_at[1:], strict=False)), (policy, pass_at)
+        assert r["sampled_tokens"] > 0 and positive(r["tokens_per_s"]) and 0 <= r["useful_token_fraction"] <= 1
+        assert (r["branch_metrics"] == {}) == (POLICIES[policy] is None), policy
+        if policy == "independent":
+            assert r["sampled_tokens"] <= 2 * 8 * 8
+    assert all(f"| {policy} | 1 |" in stdout for policy in POLICIES)
+
+
+def test_behaviour_tiny_trains_the_five_recipes_and_reports_a_difference(tmp_path):
+    """--tiny --steps 1: the five recipes on the tiny model; against a file that differs, it says so and exits 1."""
+    before = tmp_path / "before.json"
+    before.write_text(json.dumps({"fixed": [{"step": 99}]}))
+    out = tmp_path / "after.json"
+    stdout = bench("behaviour", "--tiny", "--steps", "1", "--out", str(out), "--against", str(before), cwd=tmp_path,
+                   returncode=1)
+    result = json.loads(out.read_text())
+    assert list(result) == ["fixed", "vade+dars", "partial", "agent", "eptree+treerl"]
+    for name, rows in result.items():
+        assert [row["step"] for row in rows] == [0, 1], name  # the evaluation row at the start, then the step
+        assert not any(k.endswith("_s") or "per_s" in k for row in rows for k in row), name  # timings left out
+    assert "fixed row 0: differs in" in stdout and "fixed: 1 rows before, 2 after" in stdout
+    assert stdout.rstrip().endswith("2 differences")
+
+
+def test_scale_smoke_in_process_generates_trains_and_models_the_scaling(tiny_model_dir, tmp_path):
+    """--smoke --setups in-process: the Ray set-ups take minutes to start here (tests/cluster tests the pool)."""
+    out = tmp_path / "scale.json"
+    bench("scale", "--smoke", "--setups", "in-process", "--model", str(tiny_model_dir), "--runs",
+          str(tmp_path / "runs"), "--out", str(out), cwd=tmp_path)
+    result = json.loads(out.read_text())
+    generation = result["generation_only"]["in-process"]
+    assert 0 < generation["tokens"] <= 2 * 2 * 8 and len(generation["seconds"]) == 2
+    setup = result["setups"]["in-process"]
+    assert len(setup["steps"]) == 2 and 0 < setup["step_tokens"] <= 2 * 2 * 8 and positive(setup["tokens_per_s"])
+    cpu = result["model"]["cpu (measured)"]
+    assert [row["workers"] for row in cpu] == [1, 2, 4, 8, 16, 32, 64]
+    for row in cpu:  # the model of the module docstring, from the measured in-process figures (no Ray worker ran)
+        generate = setup["step_tokens"] / (row["workers"] * setup["tokens_per_s"])
+        assert row["generate_s"] == pytest.approx(generate)
+        assert row["step_s"] == pytest.approx(generate + setup["train_s"] + row["broadcast_s"])
+        assert row["tokens_per_s"] == pytest.approx(setup["step_tokens"] / row["step_s"])
+
+
+def tiny_recipe(tmp_path: Path, model_dir: Path) -> Path:
+    """The quickstart on the tiny model at its smallest: 2 prompts × 4 rollouts of up to 8 tokens, the hf backend,
+    a reward a random model earns about half the time (bench/allocation.py and bench/ladder.py take a recipe)."""
+    import yaml
+
+    recipe = yaml.safe_load(Path(QUICKSTART).read_text())
+    recipe["model"]["path"] = str(model_dir)
+    recipe["rollout"].update(backend="hf", max_new_tokens=8)
+    recipe["budget"]["prompts_per_step"], recipe["allocate"]["n"] = 2, 4
+    recipe["task"].update(size=16, eval_size=4)
+    recipe["rewards"] = [{"type": "format", "pattern": "[aeiou]", "correctness": True}]
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    return path
+
+
+def test_ladder_at_its_smallest_trains_the_rungs_and_tabulates_them(tiny_model_dir, tmp_path):
+    """No smoke flag (bench/allocation.py, whose queue it uses, is being changed elsewhere): a tiny recipe, one
+    seed, 128 tokens, uniform against a hint and self-distillation."""
+    stdout = bench("ladder", "--recipe", str(tiny_recipe(tmp_path, tiny_model_dir)), "--task", "addition",
+                   "--methods", "uniform,guide,sdar", "--seeds", "0", "--budget-tokens", "128", "--eval-every", "0",
+                   "--eval-size", "4", "--runs", str(tmp_path / "runs"), "--results", str(tmp_path / "results"),
+                   cwd=tmp_path)
+    # the ladder's table: plain / more / hinted / distilled groups a run climbed to
+    rungs = {m.group(1): [int(x) for x in m.groups()[1:]] for line in stdout.splitlines()
+             if (m := re.match(r"\| (\w+) \| 1 \| \d+ \| [^|]+ \| (\d+) / (\d+) / (\d+) / (\d+) \|", line))}
+    assert set(rungs) == {"uniform", "guide", "sdar"}, stdout
+    assert rungs["uniform"][0] > 0 and rungs["uniform"][2:] == [0, 0]
+    assert rungs["guide"][2] > 0 and rungs["sdar"][3] > 0  # guide hinted a group, sdar distilled one
+    assert "paired differences to uniform at 128 tokens" in stdout
