@@ -25,7 +25,7 @@ but the root sharing a prefix); `eptree3` forks each of 2 chains at its 3 highes
 redraw its parent's token at the fork point, so no fork repeats its parent's path.
 
 `--smoke --model TINY` is the smallest run of every policy (2 prompts × 8 leaves of up to 8 tokens, seed 0, a
-reward a random model earns about half the time): tests/benchmarks/test_bench_smoke.py runs it on a tiny
+reward a random model earns, bench/smoke.py): tests/benchmarks/test_bench_smoke.py runs it on a tiny
 random model. Its figures mean nothing.
 """
 
@@ -50,6 +50,7 @@ from adarl.tasks import build_task
 from adarl.train.learner import token_advantages
 from adarl.types import Batch, Group, Request, sampled_tokens, trainable_masks
 from equal_budget import CHAIN_SUM3_WORKED, CHAIN_SUM4_WORKED, cold_start
+from smoke import smoke_overrides
 from tree_policies import POLICIES, branching_section
 
 TASKS = {
@@ -156,8 +157,7 @@ def main() -> None:
     extra = [f"model.path={args.model}"] if args.model else []
     if args.smoke:
         args.seeds, args.prompts, args.n = "0", 2, 8
-        extra += ["rollout.backend=hf", "rollout.max_new_tokens=8", "task.size=16", "task.eval_size=4",
-                  'rewards=[{type: format, pattern: "[aeiou]", correctness: true}]']
+        extra += smoke_overrides()
     tasks, policies = args.tasks.split(","), args.policies.split(",")
     seeds = [int(s) for s in args.seeds.split(",")]
     unknown = [t for t in tasks if t not in TASKS] + [p for p in policies if p not in POLICIES]

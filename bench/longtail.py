@@ -17,7 +17,7 @@ Throughput is a timing: run it on a quiet machine (a second busy process on 2 co
 Finished runs are kept (bench/equal_budget.py); `--report-only` tabulates them.
 
 `--smoke --model TINY` is the smallest run of each mode (seed 0 to 128 tokens, 2 prompts × 4 rollouts of up
-to 8 tokens, a reward a random model earns about half the time): tests/benchmarks/test_bench_smoke.py runs
+to 8 tokens, a reward a random model earns, bench/smoke.py): tests/benchmarks/test_bench_smoke.py runs
 it on a tiny random model. Its figures mean nothing.
 """
 
@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from equal_budget import budget_overrides, curve, train_run
+from smoke import smoke_overrides
 
 TASK = ["task.system_prompt=null", "rollout.max_new_tokens=128"]
 PARTIAL = ["rollout.scheduler={mode: partial, over_provision: 2.0, max_age: 4}", "loss.name=decoupled_ppo"]
@@ -78,8 +79,7 @@ def main() -> None:
     extra = [f"model.path={args.model}"] if args.model else []
     if args.smoke:
         args.seeds, args.budget_tokens, args.eval_every, args.eval_size = "0", 128, 0, 4
-        extra += ["budget.prompts_per_step=2", "allocate.n=4", "rollout.max_new_tokens=8", "task.size=16",
-                  "task.eval_size=4", 'rewards=[{type: format, pattern: "[aeiou]", correctness: true}]']
+        extra += smoke_overrides()
     modes, seeds = args.modes.split(","), [int(s) for s in args.seeds.split(",")]
     if unknown := [m for m in modes if m not in MODES]:
         parser.error(f"unknown modes {unknown}; known: {', '.join(MODES)}")

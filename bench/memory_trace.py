@@ -25,6 +25,7 @@ from pathlib import Path
 from adarl.config import load_recipe
 from adarl.train import loop
 from adarl.train.trainer import Trainer
+from smoke import smoke_overrides
 
 
 def _status(field: str) -> float:
@@ -101,8 +102,7 @@ def main() -> None:
     if args.model:
         overrides.append(f"model.path={args.model}")
     if args.smoke:
-        overrides += ["rollout.backend=hf", "budget.prompts_per_step=2", "allocate.n=2", "rollout.max_new_tokens=8",
-                      "task.size=16", "task.eval_size=4", "eval.size=4"]
+        overrides += smoke_overrides(n=2)
     with Tracer() as tr, tempfile.TemporaryDirectory() as tmp:
         trainer = Trainer(load_recipe(args.recipe, overrides), Path(tmp) / "run")
         tr.phase = "run"

@@ -25,14 +25,16 @@ from pathlib import Path
 
 import numpy as np
 
+from smoke import smoke_overrides
+
 CHILD = """
 import json, sys
 from pathlib import Path
 from adarl.config import load_recipe
 from adarl.train.trainer import Trainer
 size, steps, run_dir, recipe_path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
-recipe = load_recipe(recipe_path, {"train.micro_batch_tokens": size, "log.progress": False, "log.tensorboard": False,
-                                   **json.loads(sys.argv[5])})
+recipe = load_recipe(recipe_path, [f"train.micro_batch_tokens={size}", "log.progress=false", "log.tensorboard=false",
+                                   *json.loads(sys.argv[5])])
 trainer = Trainer(recipe, Path(run_dir))
 rows = [trainer.train_step() for _ in range(steps)]
 trainer.rewards.close()
@@ -54,13 +56,10 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="the smallest run: sizes 64,32, 1 step of 2 prompts × 4 "
                     "rollouts of 8 tokens, 1 round (with a tiny --model, for tests; figures mean nothing)")
     args = ap.parse_args()
-    overrides: dict = {} if args.model is None else {"model.path": args.model}
+    overrides = [] if args.model is None else [f"model.path={args.model}"]
     if args.smoke:
         args.sizes, args.steps, args.rounds = "64,32", 1, 1
-        # a reward a random model earns about half the time, so the step has an update to time
-        overrides.update({"rollout.backend": "hf", "budget.prompts_per_step": 2, "allocate.n": 4,
-                          "rollout.max_new_tokens": 8, "task.size": 16, "task.eval_size": 4,
-                          "rewards": [{"type": "format", "pattern": "[aeiou]", "correctness": True}]})
+        overrides += smoke_overrides()  # with a reward the model earns: the step has an update to time
     sizes = [int(s) for s in args.sizes.split(",")]
     results: dict[int, list[dict]] = {s: [] for s in sizes}
     for _ in range(args.rounds):

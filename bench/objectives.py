@@ -17,7 +17,7 @@ training and mean clip fraction. Finished runs are kept under --runs (bench/equa
     .venv/bin/python bench/objectives.py --quality --objectives grpo,gspo,bapo --seeds 0,1,2
 
 `--smoke --model TINY` is the smallest run of either part (2 prompts × 4 rollouts of up to 16 tokens, the
-overlong shaping's buffer; a reward a random model earns about half the time; one round; quality: one seed
+overlong shaping's buffer; a reward a random model earns; one round; quality: one seed
 to 128 tokens): tests/benchmarks/test_bench_smoke.py runs it on a tiny random model. Its figures mean nothing.
 """
 
@@ -43,6 +43,7 @@ from adarl.tokens.entropy import EntropyObserver, EntropyStats
 from adarl.train.trainer import Trainer
 from adarl.types import Batch, Group, Request
 from equal_budget import budget_overrides, curve, train_run
+from smoke import smoke_overrides
 
 # name -> (recipe overrides for a quality run, the same as component specs for the overhead run)
 OBJECTIVES: dict[str, dict] = {
@@ -81,12 +82,6 @@ def _overrides(spec: dict) -> list[str]:
             out.append(f"{key}={json.dumps(value)}")
     return out
 
-
-# the smallest run (--smoke): a tiny batch, and a reward a random model earns about half the time, so
-# advantages, token weights and losses are not all zero
-SMOKE = ["rollout.backend=hf", "budget.prompts_per_step=2", "allocate.n=4", "rollout.max_new_tokens=16",
-         "task.size=16", "task.eval_size=4", "eval.size=4",
-         'rewards=[{type: format, pattern: "[aeiou]", correctness: true}]']
 
 # ------------------------------------------------------------------------------------- overhead
 
@@ -276,8 +271,9 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="the smallest run: 2 prompts × 4 rollouts of 16 tokens, "
                         "1 round; quality: seed 0 to 128 tokens (with a tiny --model, for tests; figures mean nothing)")
     args = parser.parse_args()
-    args.extra = ([f"model.path={args.model}"] if args.model else []) + (SMOKE if args.smoke else [])
-    if args.smoke:
+    args.extra = [f"model.path={args.model}"] if args.model else []
+    if args.smoke:  # 16 tokens: the overlong shaping's buffer
+        args.extra += smoke_overrides(max_new_tokens=16)
         args.repeats, args.seeds, args.budget_tokens, args.eval_every, args.eval_size = 1, "0", 128, 0, 4
     names = args.objectives.split(",")
     unknown = [n for n in names if n not in OBJECTIVES]

@@ -41,6 +41,8 @@ from pathlib import Path
 
 import numpy as np
 
+from smoke import smoke_overrides
+
 SETUPS = {
     "in-process": {"backend": "local"},
     "ray-1-worker": {"backend": "ray", "workers": 1, "resources": {"num_cpus": 2, "threads": 2}},
@@ -92,14 +94,14 @@ def generation_only(setups: list[str], repeats: int, model_path: str = "smollm2-
     return out
 
 
-def run_setup(name: str, cluster: dict, steps: int, out: Path, extra: dict | None = None) -> dict:
+def run_setup(name: str, cluster: dict, steps: int, out: Path, extra: list[str] = ()) -> dict:
     from adarl.config import load_recipe
     from adarl.train.trainer import Trainer
 
     recipe = load_recipe(Path(__file__).parents[1] / "recipes" / "quickstart.yaml",
-                         {"budget.max_steps": steps, "model.threads": 2, "log.progress": False,
-                          "log.tensorboard": False, "eval.at_start": False, "eval.every": 0,
-                          "checkpoint.every": 0, **(extra or {})})
+                         [f"budget.max_steps={steps}", "model.threads=2", "log.progress=false",
+                          "log.tensorboard=false", "eval.at_start=false", "eval.every=0", "checkpoint.every=0",
+                          *extra])
     recipe.cluster = recipe.cluster.model_validate(cluster)
     t0 = time.perf_counter()
     trainer = Trainer(recipe, out / name)
@@ -156,13 +158,12 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="the smallest run: generation of 2 prompts × 2 rollouts of 8 "
                     "tokens, 2 calls; 2 training steps of 2 × 2 (with a tiny --model, for tests; figures mean nothing)")
     args = ap.parse_args()
-    extra: dict = {} if args.model is None else {"model.path": args.model}
+    extra = [] if args.model is None else [f"model.path={args.model}"]
     sizes = {"prompts": 8, "n": 8, "max_new_tokens": 64}
     if args.smoke:
         args.steps, args.generate_repeats = 2, 2
         sizes = {"prompts": 2, "n": 2, "max_new_tokens": 8}
-        extra.update({"rollout.backend": "hf", "budget.prompts_per_step": 2, "allocate.n": 2,
-                      "rollout.max_new_tokens": 8, "task.size": 16, "task.eval_size": 4})
+        extra += smoke_overrides(n=2)
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     results = json.loads(args.out.read_text()) if args.out.exists() else {}
     if not args.report_only:

@@ -264,8 +264,8 @@ def test_scale_smoke_in_process_generates_trains_and_models_the_scaling(tiny_mod
 
 
 def tiny_recipe(tmp_path: Path, model_dir: Path) -> Path:
-    """The quickstart on the tiny model at its smallest: 2 prompts × 4 rollouts of up to 8 tokens, the hf backend,
-    a reward a random model earns about half the time (bench/allocation.py and bench/ladder.py take a recipe)."""
+    """The quickstart on the tiny model at bench/smoke.py's smallest run (bench/allocation.py and bench/ladder.py
+    take a recipe, not overrides)."""
     import yaml
 
     recipe = yaml.safe_load(Path(QUICKSTART).read_text())
