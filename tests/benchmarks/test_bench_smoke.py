@@ -293,3 +293,22 @@ def test_ladder_at_its_smallest_trains_the_rungs_and_tabulates_them(tiny_model_d
     assert rungs["uniform"][0] > 0 and rungs["uniform"][2:] == [0, 0]
     assert rungs["guide"][2] > 0 and rungs["sdar"][3] > 0  # guide hinted a group, sdar distilled one
     assert "paired differences to uniform at 128 tokens" in stdout
+
+
+def test_allocation_at_its_smallest_trains_each_method_to_the_budget(tiny_model_dir, tmp_path):
+    """No smoke flag (the script is being changed elsewhere): a tiny recipe, one seed, 128 tokens, uniform
+    against DARS (its second stage tops groups up)."""
+    out = tmp_path / "allocation.json"
+    bench("allocation", "--recipe", str(tiny_recipe(tmp_path, tiny_model_dir)), "--tasks", "addition", "--methods",
+          "uniform,dars", "--seeds", "0", "--budget-tokens", "128", "--eval-every", "0", "--eval-size", "4",
+          "--runs", str(tmp_path / "runs"), "--results", str(tmp_path / "results"), "--out", str(out), cwd=tmp_path)
+    report = json.loads(out.read_text())
+    rows = report["tasks"]["addition"]
+    assert [r["method"] for r in rows] == ["uniform", "dars"] and all(r["seeds"] == 1 for r in rows)
+    for row in rows:
+        (run,) = row["curves"]
+        # held-out pass@1 at the start and at the end, when the budget is spent
+        assert run["tokens"][0] == 0 and 128 <= run["tokens"][-1] <= 128 + 2 * 4 * 8, run
+        assert all(0 <= p <= 1 for p in run["pass@1"]) and row["final_mean"] == run["pass@1"][-1]
+    (paired,) = report["paired"]["addition"]
+    assert paired["method"] == "dars" and paired["pass@1_at_budget"]["n"] == 1
