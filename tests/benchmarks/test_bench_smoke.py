@@ -38,6 +38,16 @@ def positive(x: float) -> bool:
     return math.isfinite(x) and x > 0
 
 
+def test_every_benchmark_script_has_a_test_that_runs_it():
+    """A script in bench/ (a file with a `__main__`) is run by a test here, in test_bench.py or, for
+    bench/gpu_check.py, in tests/models/test_device.py; libraries (equal_budget, methods, ...) are not scripts."""
+    tests = "".join(p.read_text() for p in [*Path(__file__).parent.glob("test_*.py"),
+                                             ROOT / "tests" / "models" / "test_device.py"])
+    scripts = [p.stem for p in sorted((ROOT / "bench").glob("*.py")) if "__main__" in p.read_text()]
+    assert "vs_trl" in scripts and "equal_budget" not in scripts
+    assert [s for s in scripts if f'"{s}"' not in tests and f'"{s}.py"' not in tests] == []
+
+
 def test_allocation_overhead_smoke_times_every_combination(tmp_path, monkeypatch):
     """--smoke: 1,000 prompts, 8 selected, 3 steps; no model."""
     monkeypatch.syspath_prepend(str(ROOT / "bench"))
