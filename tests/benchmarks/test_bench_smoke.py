@@ -174,9 +174,9 @@ def test_memory_trace_smoke_sees_every_phase(tiny_model_dir, tmp_path):
 
 
 def test_objectives_smoke_times_and_trains_each_kind_of_component(tiny_model_dir, tmp_path):
-    """--overhead --quality --smoke: one of each kind (advantage + shaping, token weighting, loss + adaptive
-    temperature) against plain GRPO, on one batch of 2 prompts × 8 rollouts; quality to 128 tokens."""
-    names = ["grpo", "hbpo", "d3s", "hapo"]
+    """--overhead --quality --smoke: an advantage with a shaping, and a loss with an adaptive temperature, against
+    plain GRPO, on one batch of 2 prompts × 8 rollouts; quality: each trains to 128 tokens."""
+    names = ["grpo", "hbpo", "hapo"]
     out = tmp_path / "objectives.json"
     bench("objectives", "--overhead", "--quality", "--smoke", "--objectives", ",".join(names), "--model",
           str(tiny_model_dir), "--recipe", QUICKSTART, "--runs", str(tmp_path / "runs"), "--results",
