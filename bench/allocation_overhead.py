@@ -5,6 +5,9 @@ what is timed is only adarl's bookkeeping: the selector, the allocator's stages,
 difficulty-store updates, as the trainer calls them. Target: ≤ 50 ms per step.
 
     .venv/bin/python bench/allocation_overhead.py [--prompts 1000000] [--k 64] [--steps 20]
+
+`--smoke` is the smallest run through every combination (1,000 prompts, 8 selected, 3 steps):
+tests/benchmarks/test_bench_smoke.py runs it. Its times mean nothing.
 """
 
 from __future__ import annotations
@@ -65,7 +68,7 @@ def run(n_prompts: int, k: int, steps: int, select: dict, allocate: dict, seed: 
             for g in fresh:
                 groups.setdefault(g.problem.id, g)
             counts = allocator.more(list(groups.values()), store, budget)
-        selector.observe(store, np.array([store.index[q] for q in groups]))
+        selector.observe(store, list(groups.values()))
         allocator.finish(list(groups.values()))
         times.append(time.perf_counter() - t0 - sim)
     return float(np.median(times[1:]))
@@ -77,7 +80,13 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=64)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--smoke", action="store_true",
+                        help="the smallest run: 1,000 prompts, 8 selected, 3 steps (for tests; times mean nothing)")
     args = parser.parse_args()
+    if args.smoke:
+        args.prompts, args.k, args.steps = 1000, 8, 3
+    if args.steps < 2:
+        parser.error("--steps must be at least 2 (the first step is excluded as a warm-up)")
     rows = []
     print(f"{args.prompts:,} prompts, {args.k} selected per step, median over {args.steps - 1} steps")
     print(f"{'select':<12}{'allocate':<10}{'ms/step':>10}")

@@ -8,6 +8,9 @@ selection with DARS allocation, partial rollouts (APRIL), an agent with a tool t
 TreeRL credit. Each trains `--steps` steps on the embedded SmolLM2 with the hf decoder (deterministic
 on a CPU), small batches, no evaluation or checkpoints. Timing, memory and throughput keys differ from
 run to run and are left out; every other key of every row must be equal (floats exactly).
+
+`--tiny --steps 1` is the smallest run (the test suite's tiny random model): tests/benchmarks/test_bench_smoke.py
+runs it against a file that differs and checks that it says so.
 """
 
 from __future__ import annotations

@@ -23,6 +23,10 @@ a leaf. `eptree7` forks one chain at its 7 highest-entropy tokens, one child eac
 but the root sharing a prefix); `eptree3` forks each of 2 chains at its 3 highest-entropy tokens.
 `eptree7d` and `eptree3d` are the same trees with distinct forks (`distinct: true`): a child may not
 redraw its parent's token at the fork point, so no fork repeats its parent's path.
+
+`--smoke --model TINY` is the smallest run of every policy (2 prompts × 8 leaves of up to 8 tokens, seed 0, a
+reward a random model earns, bench/smoke.py): tests/benchmarks/test_bench_smoke.py runs it on a tiny
+random model. Its figures mean nothing.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from adarl.tasks import build_task
 from adarl.train.learner import token_advantages
 from adarl.types import Batch, Group, Request, sampled_tokens, trainable_masks
 from equal_budget import CHAIN_SUM3_WORKED, CHAIN_SUM4_WORKED, cold_start
+from smoke import smoke_overrides
 from tree_policies import POLICIES, branching_section
 
 TASKS = {
@@ -145,7 +150,14 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--report-only", action="store_true")
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--model", default=None, help="a path or alias (default: the recipe's)")
+    parser.add_argument("--smoke", action="store_true", help="the smallest run: 2 prompts × 8 leaves of 8 tokens, "
+                        "seed 0 (with a tiny --model, for tests; figures mean nothing)")
     args = parser.parse_args()
+    extra = [f"model.path={args.model}"] if args.model else []
+    if args.smoke:
+        args.seeds, args.prompts, args.n = "0", 2, 8
+        extra += smoke_overrides()
     tasks, policies = args.tasks.split(","), args.policies.split(",")
     seeds = [int(s) for s in args.seeds.split(",")]
     unknown = [t for t in tasks if t not in TASKS] + [p for p in policies if p not in POLICIES]
@@ -155,7 +167,7 @@ def main() -> None:
         models: dict[str, tuple] = {}  # model path -> (model, tokenizer), loaded once
         for seed in seeds:  # every task's first seed before any second one: a stopped run has both tasks
             for task in tasks:
-                overrides, recipe = [f"model.threads={args.threads}", *TASKS[task]], None
+                overrides, recipe = [f"model.threads={args.threads}", *TASKS[task], *extra], None
                 for policy in policies:
                     path = args.out / task / policy / f"seed{seed}.json"
                     if path.exists():

@@ -24,6 +24,9 @@ script wrote on another machine (`--lengths-from`): it needs only torch, transfo
 
     python3 bench/decode_cost.py --random-init --device cuda --backends hf --batches 1,4,16,64,128,256,512 \
         --lengths-from bench/results/longtail/decode_cost.json --out bench/results/longtail/decode_cost_gpu.json
+
+`--smoke --model TINY` is the smallest run (the hf step at 1 and 2 rows, no vLLM; with `--lengths-from`,
+the bound too): tests/benchmarks/test_bench_smoke.py runs it on a tiny random model. Its times mean nothing.
 """
 
 from __future__ import annotations
@@ -130,7 +133,12 @@ def main() -> None:
     parser.add_argument("--random-init", action="store_true",
                         help="time a random model of SmolLM2-135M's shape (no model file, no adarl imports)")
     parser.add_argument("--lengths-from", default=None, help="a JSON this script wrote: its long-tailed lengths")
+    parser.add_argument("--model", default="smollm2-135m", help="a path or alias (not with --random-init)")
+    parser.add_argument("--smoke", action="store_true", help="the smallest run: the hf step at 1 and 2 rows "
+                        "(with a tiny --model, for tests; times mean nothing)")
     args = parser.parse_args()
+    if args.smoke:
+        args.batches, args.backends = "1,2", "hf"
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     batches = [int(b) for b in args.batches.split(",")]
     backends = args.backends.split(",")
@@ -150,9 +158,11 @@ def main() -> None:
     from adarl.models import chat_ids, load_model
     from adarl.tasks import build_task
 
-    recipe = load_recipe("recipes/quickstart.yaml", ["task.system_prompt=null", "rollout.max_new_tokens=128"])
+    recipe = load_recipe(Path(__file__).resolve().parents[1] / "recipes" / "quickstart.yaml",
+                         ["task.system_prompt=null", "rollout.max_new_tokens=128"]
+                         + (["task.size=16", "task.eval_size=4"] if args.smoke else []))
     task = build_task(recipe.task)
-    model, tok = load_model(ModelConfig(path="smollm2-135m"), for_training=False)
+    model, tok = load_model(ModelConfig(path=args.model), for_training=False)
     model.eval().to(args.device)
     prompts = [chat_ids(tok, p.messages) for p in task.train[:8]]
     if "hf" in backends:

@@ -14,6 +14,10 @@ CPU, float32 like the others) and samples last, since an in-process engine takes
 process's threads; `model.generate` runs once more after it to show whether that skewed anything.
 
 Run it with nothing else busy on the machine: on 2 cores a second process skews both sides.
+
+`--smoke --model TINY` is the smallest run through every part but vLLM (2 rollouts a prompt of up to 8
+tokens, one repeat, the hf backend): tests/benchmarks/test_bench_smoke.py runs it on a tiny random
+model. Its times mean nothing.
 """
 
 from __future__ import annotations
@@ -67,13 +71,18 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--backends", default="hf,vllm", help="comma-separated: hf, vllm")
     parser.add_argument("--kv-cache-gib", type=float, default=2.0)
+    parser.add_argument("--model", default="smollm2-135m", help="a path or alias")
+    parser.add_argument("--smoke", action="store_true", help="the smallest run: 2 rollouts a prompt, 8 new tokens, "
+                        "1 repeat, hf only (with a tiny --model, for tests; times mean nothing)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    if args.smoke:
+        args.n, args.max_new_tokens, args.repeats, args.backends = 2, 8, 1, "hf"
     backends = args.backends.split(",")
     if unknown := set(backends) - {"hf", "vllm"}:
         parser.error(f"unknown backends {sorted(unknown)}; known: hf, vllm")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    model, tok = load_model(ModelConfig(path="smollm2-135m"), for_training=False)
+    model, tok = load_model(ModelConfig(path=args.model), for_training=False)
     model.eval()
     prompts = [chat_ids(tok, m) for m in PROMPTS]
     cfg = RolloutConfig(temperature=1.0, max_new_tokens=args.max_new_tokens, max_batch=256,

@@ -15,6 +15,10 @@ step time (generation, verification, update and the weight push into the engine)
 
 Throughput is a timing: run it on a quiet machine (a second busy process on 2 cores skews it).
 Finished runs are kept (bench/equal_budget.py); `--report-only` tabulates them.
+
+`--smoke --model TINY` is the smallest run of each mode (seed 0 to 128 tokens, 2 prompts × 4 rollouts of up
+to 8 tokens, a reward a random model earns, bench/smoke.py): tests/benchmarks/test_bench_smoke.py runs
+it on a tiny random model. Its figures mean nothing.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from equal_budget import budget_overrides, curve, train_run
+from smoke import smoke_overrides
 
 TASK = ["task.system_prompt=null", "rollout.max_new_tokens=128"]
 PARTIAL = ["rollout.scheduler={mode: partial, over_provision: 2.0, max_age: 4}", "loss.name=decoupled_ppo"]
@@ -67,7 +72,14 @@ def main() -> None:
     parser.add_argument("--results", default="bench/results/longtail")
     parser.add_argument("--report-only", action="store_true")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--model", default=None, help="a path or alias (default: the recipe's)")
+    parser.add_argument("--smoke", action="store_true", help="the smallest run: seed 0 to 128 tokens, 2 prompts × 4 "
+                        "rollouts of 8 tokens (with a tiny --model, for tests; figures mean nothing)")
     args = parser.parse_args()
+    extra = [f"model.path={args.model}"] if args.model else []
+    if args.smoke:
+        args.seeds, args.budget_tokens, args.eval_every, args.eval_size = "0", 128, 0, 4
+        extra += smoke_overrides()
     modes, seeds = args.modes.split(","), [int(s) for s in args.seeds.split(",")]
     if unknown := [m for m in modes if m not in MODES]:
         parser.error(f"unknown modes {unknown}; known: {', '.join(MODES)}")
@@ -79,7 +91,7 @@ def main() -> None:
         for mode in modes:  # interleaved, so slow periods of a shared machine hit every mode
             rel = Path(f"b{args.budget_tokens}") / mode / f"seed{seed}"
             overrides = budget_overrides(seed, args.budget_tokens, args.eval_every, args.eval_size, args.threads)
-            rows = train_run(args.recipe, overrides + TASK + MODES[mode], Path(args.runs) / rel,
+            rows = train_run(args.recipe, overrides + TASK + MODES[mode] + extra, Path(args.runs) / rel,
                              f"{mode} seed {seed}", args.report_only, Path(args.results) / rel)
             if rows is not None:
                 results[mode].append(summarise(rows))

@@ -10,6 +10,9 @@ T tokens (prompt + completion), each in a fresh process so peak RSS is its own:
   `micro_batch_tokens` padded tokens.
 
     .venv/bin/python bench/memory.py [--batch 16] [--tokens 192] [--prompt 64]
+
+`--smoke --model TINY` is the smallest run of both modes (2 sequences of 16 tokens, micro-batches of one):
+tests/benchmarks/test_bench_smoke.py runs it on a tiny random model. Its figures mean nothing.
 """
 
 from __future__ import annotations
@@ -22,18 +25,19 @@ import sys
 import time
 
 
-def step(mode: str, batch: int, tokens: int, prompt: int, micro_batch_tokens: int, chunk: int) -> dict:
+def step(mode: str, batch: int, tokens: int, prompt: int, micro_batch_tokens: int, chunk: int,
+         model_path: str = "smollm2-135m") -> dict:
     import torch
 
     from adarl.config import ModelConfig
     from adarl.models import load_model
     from adarl.train.logprobs import completion_logprobs, pack
 
-    model, _ = load_model(ModelConfig(path="smollm2-135m"))
+    model, _ = load_model(ModelConfig(path=model_path))
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
     gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, 49152, (batch, tokens), generator=gen)
+    ids = torch.randint(0, model.config.vocab_size, (batch, tokens), generator=gen)
     base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     t0 = time.perf_counter()
     if mode == "plain":
@@ -63,19 +67,25 @@ def main() -> None:
     parser.add_argument("--logit-chunk", type=int, default=512)
     parser.add_argument("--mode", choices=["plain", "adarl"], help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--model", default="smollm2-135m", help="a path or alias")
+    parser.add_argument("--smoke", action="store_true", help="the smallest run: 2 sequences of 16 tokens (8 of "
+                        "prompt), micro-batches of one (with a tiny --model, for tests; figures mean nothing)")
     args = parser.parse_args()
+    if args.smoke:
+        args.batch, args.tokens, args.prompt, args.micro_batch_tokens, args.logit_chunk = 2, 16, 8, 16, 4
     if args.mode:
-        result = step(args.mode, args.batch, args.tokens, args.prompt, args.micro_batch_tokens, args.logit_chunk)
+        result = step(args.mode, args.batch, args.tokens, args.prompt, args.micro_batch_tokens, args.logit_chunk,
+                      args.model)
         print(json.dumps(result))
         return
     results = []
     for mode in ("plain", "adarl"):
         cmd = [sys.executable, __file__, "--mode", mode, "--batch", str(args.batch), "--tokens", str(args.tokens),
                "--prompt", str(args.prompt), "--micro-batch-tokens", str(args.micro_batch_tokens),
-               "--logit-chunk", str(args.logit_chunk)]
+               "--logit-chunk", str(args.logit_chunk), "--model", args.model]
         out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
         results.append(json.loads(out.strip().splitlines()[-1]))
-    print(f"one step, {args.batch} x {args.tokens} tokens (prompt {args.prompt}), SmolLM2-135M float32")
+    print(f"one step, {args.batch} x {args.tokens} tokens (prompt {args.prompt}), {args.model} float32")
     print(f"{'mode':<8}{'peak RSS GB':>13}{'after load GB':>15}{'step s':>9}")
     for r in results:
         print(f"{r['mode']:<8}{r['peak_rss_gb']:>13}{r['model_loaded_rss_gb']:>15}{r['step_s']:>9}")

@@ -7,6 +7,10 @@ evaluation, checkpoints, `final/`, the report). Prints each phase's peak RSS and
     .venv/bin/python bench/memory_trace.py [--recipe recipes/quickstart.yaml] [--steps 4] [--out trace.json]
 
 Memory, unlike time, is not skewed by other processes on the machine.
+
+`--smoke --model TINY` is the smallest run through every phase (2 steps of 2 prompts × 2 rollouts of up to
+8 tokens, the hf backend, an evaluation and a checkpoint): tests/benchmarks/test_bench_smoke.py runs it on
+a tiny random model. Its figures mean nothing.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from pathlib import Path
 from adarl.config import load_recipe
 from adarl.train import loop
 from adarl.train.trainer import Trainer
+from smoke import smoke_overrides
 
 
 def _status(field: str) -> float:
@@ -37,15 +42,20 @@ class Tracer:
         self.peaks: dict[str, float] = {}
         self.timeline: list[tuple[float, str, float]] = []
         self._stop = threading.Event()
+        self._lock = threading.Lock()
         self._t0 = time.perf_counter()
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
     def _sample(self) -> None:
         while not self._stop.is_set():
+            self._record()
+            time.sleep(0.05)
+
+    def _record(self) -> None:
+        with self._lock:
             rss, phase = _status("VmRSS"), self.phase
             self.peaks[phase] = max(self.peaks.get(phase, 0.0), rss)
             self.timeline.append((time.perf_counter() - self._t0, phase, rss))
-            time.sleep(0.05)
 
     def wrap(self, obj: object, name: str, phase: str, inside: bool = False) -> None:
         """Attribute the time inside obj.name(...) to `phase` (nested calls keep the outer phase, unless
@@ -58,6 +68,7 @@ class Tracer:
             try:
                 return inner(*args, **kw)
             finally:
+                self._record()  # a phase shorter than the sampling interval is still seen once, at its end
                 self.phase = outer
 
         setattr(obj, name, traced)
@@ -78,15 +89,24 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--out", default=None)
     parser.add_argument("--no-trim", action="store_true", help="without the loop's malloc_trim after each step")
+    parser.add_argument("--model", default=None, help="a path or alias (default: the recipe's)")
+    parser.add_argument("--smoke", action="store_true", help="the smallest run: 2 steps × 2 prompts × 2 rollouts, "
+                        "8 new tokens (with a tiny --model, for tests; figures mean nothing)")
     args = parser.parse_args()
+    if args.smoke:
+        args.steps = 2
     overrides = [f"budget.max_steps={args.steps}", f"eval.every={max(args.steps // 2, 1)}",
                  f"checkpoint.every={max(args.steps // 2, 1)}", "log.progress=false"]
     if args.threads:
         overrides.append(f"model.threads={args.threads}")
+    if args.model:
+        overrides.append(f"model.path={args.model}")
+    if args.smoke:
+        overrides += smoke_overrides(n=2)
     with Tracer() as tr, tempfile.TemporaryDirectory() as tmp:
         trainer = Trainer(load_recipe(args.recipe, overrides), Path(tmp) / "run")
         tr.phase = "run"
-        for name, phase in (("rollout_and_verify", "generate+verify"), ("learn", "update"), ("evaluate", "eval")):
+        for name, phase in (("rollout_and_verify", "generate+verify"), ("learn", "update")):
             tr.wrap(trainer, name, phase)
         import adarl.train.trainer as trainer_module
 
@@ -95,7 +115,7 @@ def main() -> None:
         if args.no_trim:  # the loop's malloc_trim after every step, switched off (the before)
             loop.release_memory = lambda: None
         tr.wrap(trainer, "train_step", "step")
-        for name, phase in (("save_checkpoint", "checkpoint"), ("save_final", "final")):
+        for name, phase in (("evaluate", "eval"), ("save_checkpoint", "checkpoint"), ("save_final", "final")):
             tr.wrap(loop, name, phase)
         import adarl.report
 

@@ -8,6 +8,10 @@ settings run in turn, `--rounds` times, so a slow moment of the machine falls on
     .venv/bin/python bench/micro_batch.py [--sizes 2048,1024,512] [--steps 2] [--rounds 2]
 
 Run it with nothing else busy on the machine.
+
+`--smoke --model TINY` is the smallest run (micro-batches of 64 and 32 tokens, one step of 2 prompts × 4
+rollouts of up to 8 tokens, one round): tests/benchmarks/test_bench_smoke.py runs it on a tiny random
+model. Its figures mean nothing.
 """
 
 from __future__ import annotations
@@ -21,19 +25,22 @@ from pathlib import Path
 
 import numpy as np
 
+from smoke import smoke_overrides
+
 CHILD = """
 import json, sys
 from pathlib import Path
 from adarl.config import load_recipe
 from adarl.train.trainer import Trainer
-size, steps, run_dir = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-recipe = load_recipe("recipes/quickstart.yaml", {"train.micro_batch_tokens": size, "log.progress": False,
-                                                 "log.tensorboard": False})
+size, steps, run_dir, recipe_path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+recipe = load_recipe(recipe_path, [f"train.micro_batch_tokens={size}", "log.progress=false", "log.tensorboard=false",
+                                   *json.loads(sys.argv[5])])
 trainer = Trainer(recipe, Path(run_dir))
 rows = [trainer.train_step() for _ in range(steps)]
 trainer.rewards.close()
 peak = next(int(x.split()[1]) for x in Path("/proc/self/status").read_text().splitlines() if x.startswith("VmHWM"))
 print(json.dumps({"train_s": [r["train_s"] for r in rows], "tokens": [r["step_tokens"] for r in rows],
+                  "grad_norm": [r.get("grad_norm") for r in rows],
                   "peak_gib": peak / 1024**2}))
 """
 
@@ -44,13 +51,22 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", type=Path, default=Path("bench/results/memory/micro_batch.json"))
+    ap.add_argument("--recipe", default=str(Path(__file__).resolve().parents[1] / "recipes" / "quickstart.yaml"))
+    ap.add_argument("--model", default=None, help="a path or alias (default: the recipe's)")
+    ap.add_argument("--smoke", action="store_true", help="the smallest run: sizes 64,32, 1 step of 2 prompts × 4 "
+                    "rollouts of 8 tokens, 1 round (with a tiny --model, for tests; figures mean nothing)")
     args = ap.parse_args()
+    overrides = [] if args.model is None else [f"model.path={args.model}"]
+    if args.smoke:
+        args.sizes, args.steps, args.rounds = "64,32", 1, 1
+        overrides += smoke_overrides()  # with a reward the model earns: the step has an update to time
     sizes = [int(s) for s in args.sizes.split(",")]
     results: dict[int, list[dict]] = {s: [] for s in sizes}
     for _ in range(args.rounds):
         for size in sizes:
             with tempfile.TemporaryDirectory() as run_dir:
-                out = subprocess.run([sys.executable, "-c", CHILD, str(size), str(args.steps), run_dir],
+                out = subprocess.run([sys.executable, "-c", CHILD, str(size), str(args.steps), run_dir, args.recipe,
+                                      json.dumps(overrides)],
                                      capture_output=True, text=True, check=True)
             row = json.loads(out.stdout.strip().splitlines()[-1])
             results[size].append(row)

@@ -15,6 +15,10 @@ tokens over `--seeds`; reported are final held-out pass@1 (mean ± std), mean po
 training and mean clip fraction. Finished runs are kept under --runs (bench/equal_budget.py).
 
     .venv/bin/python bench/objectives.py --quality --objectives grpo,gspo,bapo --seeds 0,1,2
+
+`--smoke --model TINY` is the smallest run of either part (2 prompts × 4 rollouts of up to 16 tokens, the
+overlong shaping's buffer; a reward a random model earns; one round; quality: one seed
+to 128 tokens): tests/benchmarks/test_bench_smoke.py runs it on a tiny random model. Its figures mean nothing.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from adarl.tokens.entropy import EntropyObserver, EntropyStats
 from adarl.train.trainer import Trainer
 from adarl.types import Batch, Group, Request
 from equal_budget import budget_overrides, curve, train_run
+from smoke import smoke_overrides
 
 # name -> (recipe overrides for a quality run, the same as component specs for the overhead run)
 OBJECTIVES: dict[str, dict] = {
@@ -87,9 +92,10 @@ def _timed(fn) -> float:
     return time.perf_counter() - t0
 
 
-def overhead(recipe_path: str, names: list[str], repeats: int, seed: int, micro_only: bool = False) -> list[dict]:
+def overhead(recipe_path: str, names: list[str], repeats: int, seed: int, micro_only: bool = False,
+             extra: list[str] = (), rounds: int = 20) -> list[dict]:
     base = load_recipe(recipe_path, [f"seed={seed}", "train.lr=1e-30", "log.progress=false",
-                                     "log.tensorboard=false", "checkpoint.every=0"])
+                                     "log.tensorboard=false", "checkpoint.every=0", *extra])
     trainer = Trainer(base, Path("runs/bench-objectives-overhead"))
     step_s = _timed(trainer.train_step)  # warm-up: allocations, first-touch pages
     print(f"warm-up step {step_s:.1f} s", flush=True)
@@ -110,7 +116,7 @@ def overhead(recipe_path: str, names: list[str], repeats: int, seed: int, micro_
     verified = [Group(p, trainer.prompt_ids(p), by_prompt[p.id]) for p in problems]
     trainer.rewards.score(verified)
     trainer.generator.set_entropy_stats(None)
-    costs = component_costs(trainer, verified, names)
+    costs = component_costs(trainer, verified, names, rounds)
     grpo = costs["grpo"]
     print("\n| component | own stages (ms) | own loss fwd+bwd (ms) | extra vs GRPO (ms) "
           "| tokens in the loss (A·w ≠ 0) |")
@@ -222,6 +228,7 @@ def quality(args: argparse.Namespace, names: list[str]) -> list[dict]:
         for n in names:
             run_dir = Path(args.runs) / f"b{args.budget_tokens}" / n / f"seed{s}"
             overrides = budget_overrides(s, args.budget_tokens, args.eval_every, args.eval_size, args.threads)
+            overrides += args.extra
             kept = Path(args.results) / f"b{args.budget_tokens}" / n / f"seed{s}"
             results[n, s] = train_run(args.recipe, overrides + _overrides(OBJECTIVES[n]), run_dir, f"{n} seed {s}",
                                       args.report_only, kept)
@@ -260,7 +267,14 @@ def main() -> None:
     parser.add_argument("--results", default="bench/results/objectives", help="finished runs' metrics (in git)")
     parser.add_argument("--report-only", action="store_true")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--model", default=None, help="a path or alias (default: the recipe's)")
+    parser.add_argument("--smoke", action="store_true", help="the smallest run: 2 prompts × 4 rollouts of 16 tokens, "
+                        "1 round; quality: seed 0 to 128 tokens (with a tiny --model, for tests; figures mean nothing)")
     args = parser.parse_args()
+    args.extra = [f"model.path={args.model}"] if args.model else []
+    if args.smoke:  # 16 tokens: the overlong shaping's buffer
+        args.extra += smoke_overrides(max_new_tokens=16)
+        args.repeats, args.seeds, args.budget_tokens, args.eval_every, args.eval_size = 1, "0", 128, 0, 4
     names = args.objectives.split(",")
     unknown = [n for n in names if n not in OBJECTIVES]
     if unknown or not (args.overhead or args.quality):
@@ -270,7 +284,7 @@ def main() -> None:
     report = {}
     if args.overhead:
         report["overhead"] = overhead(args.recipe, ["grpo", *[n for n in names if n != "grpo"]], args.repeats, 0,
-                                      args.micro_only)
+                                      args.micro_only, args.extra, rounds=2 if args.smoke else 20)
     if args.quality:
         report["quality"] = quality(args, names)
     if args.out:

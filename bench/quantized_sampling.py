@@ -9,6 +9,9 @@ taken at the positions of the float32 samples. A sampler that drifts far from th
 trains would make every update off-policy.
 
     .venv/bin/python bench/quantized_sampling.py [--threads 1] [--max-new-tokens 64]
+
+`--smoke --model TINY` is the smallest run through every part (8 new tokens, one repeat):
+tests/benchmarks/test_bench_smoke.py runs it on a tiny random model. Its times mean nothing.
 """
 
 from __future__ import annotations
@@ -62,10 +65,15 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--out", default="bench/results/quantized_sampling.json")
+    parser.add_argument("--model", default="smollm2-135m", help="a path or alias")
+    parser.add_argument("--smoke", action="store_true", help="the smallest run: 8 new tokens, 1 repeat "
+                        "(with a tiny --model, for tests; times mean nothing)")
     args = parser.parse_args()
+    if args.smoke:
+        args.max_new_tokens, args.repeats = 8, 1
     warnings.filterwarnings("ignore")
     torch.set_num_threads(args.threads)
-    model, tok = load_model(ModelConfig(path="smollm2-135m", threads=args.threads), for_training=False)
+    model, tok = load_model(ModelConfig(path=args.model, threads=args.threads), for_training=False)
     cfg = RolloutConfig(max_new_tokens=args.max_new_tokens, temperature=1.0)
     requests = [Request(str(i), chat_ids(tok, p), 8) for i, p in enumerate(PROMPTS)]
     models = {"float32": model, "int8 per-tensor": quantized(model, False),

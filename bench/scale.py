@@ -24,6 +24,10 @@ ones (flags), since no GPU was measured here. The broadcast becomes the bottlene
 passes the generation time.
 
     .venv/bin/python bench/scale.py [--steps 3] [--out bench/results/scale/scale.json]
+
+`--smoke --model TINY` is the smallest run of the set-ups named by `--setups` (generation: 2 prompts × 2
+rollouts of up to 8 tokens, 2 calls; training: 2 steps of 2 prompts × 2): tests/benchmarks/test_bench_smoke.py
+runs it on a tiny random model. Its figures mean nothing.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ from pathlib import Path
 
 import numpy as np
 
+from smoke import smoke_overrides
+
 SETUPS = {
     "in-process": {"backend": "local"},
     "ray-1-worker": {"backend": "ray", "workers": 1, "resources": {"num_cpus": 2, "threads": 2}},
@@ -44,7 +50,8 @@ SETUPS = {
 }
 
 
-def generation_only(setups: list[str], repeats: int) -> dict:
+def generation_only(setups: list[str], repeats: int, model_path: str = "smollm2-135m", prompts: int = 8, n: int = 8,
+                    max_new_tokens: int = 64) -> dict:
     """The same sampling call (8 prompts × 8 rollouts, 64 new tokens, the same keys) through each set-up:
     sampled tokens per second, and whether the pool sampled exactly the in-process tokens."""
     import torch
@@ -56,11 +63,11 @@ def generation_only(setups: list[str], repeats: int) -> dict:
     from adarl.types import Request
 
     torch.set_num_threads(2)
-    model, tok = load_model(ModelConfig(path="smollm2-135m"), for_training=True)
-    cfg = RolloutConfig(backend="hf", max_new_tokens=64, temperature=0.7)
+    model, tok = load_model(ModelConfig(path=model_path), for_training=True)
+    cfg = RolloutConfig(backend="hf", max_new_tokens=max_new_tokens, temperature=0.7)
     system = {"role": "system", "content": "You are a concise calculator. Reply with only the final number."}
     requests = [Request(f"p{i}", chat_ids(tok, [system, {"role": "user", "content": f"Calculate {11 + 7 * i} + "
-                                                         f"{25 + 3 * i}."}]), 8) for i in range(8)]
+                                                         f"{25 + 3 * i}."}]), n) for i in range(prompts)]
     out: dict = {}
     reference = None
     for name in setups:
@@ -87,14 +94,14 @@ def generation_only(setups: list[str], repeats: int) -> dict:
     return out
 
 
-def run_setup(name: str, cluster: dict, steps: int, out: Path) -> dict:
+def run_setup(name: str, cluster: dict, steps: int, out: Path, extra: list[str] = ()) -> dict:
     from adarl.config import load_recipe
     from adarl.train.trainer import Trainer
 
     recipe = load_recipe(Path(__file__).parents[1] / "recipes" / "quickstart.yaml",
-                         {"budget.max_steps": steps, "model.threads": 2, "log.progress": False,
-                          "log.tensorboard": False, "eval.at_start": False, "eval.every": 0,
-                          "checkpoint.every": 0})
+                         [f"budget.max_steps={steps}", "model.threads=2", "log.progress=false",
+                          "log.tensorboard=false", "eval.at_start=false", "eval.every=0", "checkpoint.every=0",
+                          *extra])
     recipe.cluster = recipe.cluster.model_validate(cluster)
     t0 = time.perf_counter()
     trainer = Trainer(recipe, out / name)
@@ -146,16 +153,26 @@ def main() -> None:
     ap.add_argument("--generate-repeats", type=int, default=3, help="calls per set-up of the generation-only part")
     ap.add_argument("--bandwidth-gb-s", type=float, default=1.25, help="head egress for the broadcast (10 GbE)")
     ap.add_argument("--gpus-per-node", type=int, default=8)
+    ap.add_argument("--runs", type=Path, default=Path("runs/bench-scale"))
+    ap.add_argument("--model", default=None, help="a path or alias (default: the quickstart's, SmolLM2-135M)")
+    ap.add_argument("--smoke", action="store_true", help="the smallest run: generation of 2 prompts × 2 rollouts of 8 "
+                    "tokens, 2 calls; 2 training steps of 2 × 2 (with a tiny --model, for tests; figures mean nothing)")
     args = ap.parse_args()
+    extra = [] if args.model is None else [f"model.path={args.model}"]
+    sizes = {"prompts": 8, "n": 8, "max_new_tokens": 64}
+    if args.smoke:
+        args.steps, args.generate_repeats = 2, 2
+        sizes = {"prompts": 2, "n": 2, "max_new_tokens": 8}
+        extra += smoke_overrides(n=2)
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    runs = Path("runs/bench-scale")
     results = json.loads(args.out.read_text()) if args.out.exists() else {}
     if not args.report_only:
-        results["generation_only"] = generation_only(args.setups.split(","), args.generate_repeats)
+        results["generation_only"] = generation_only(args.setups.split(","), args.generate_repeats,
+                                                     args.model or "smollm2-135m", **sizes)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(results, indent=1))
     for name in [] if args.report_only else args.setups.split(","):
-        results.setdefault("setups", {})[name] = run_setup(name, SETUPS[name], args.steps, runs)
+        results.setdefault("setups", {})[name] = run_setup(name, SETUPS[name], args.steps, args.runs, extra)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(results, indent=1))  # each finished set-up is kept
     gen = results.get("generation_only", {})

@@ -18,6 +18,9 @@ of a trained model's answers:
 
     python3 bench/tree_speed.py --random-init --device cuda --prompts 100 --n 8 --max-batch 1024 \\
         --out bench/results/branching/tree_speed_gpu.json
+
+`--smoke --model TINY` is the smallest run of every policy (2 prompts, 8 rows each of up to 8 tokens, one
+repeat): tests/benchmarks/test_bench_smoke.py runs it on a tiny random model. Its times mean nothing.
 """
 
 from __future__ import annotations
@@ -57,7 +60,12 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--random-init", action="store_true")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--model", default="smollm2-135m", help="a path or alias (not with --random-init)")
+    parser.add_argument("--smoke", action="store_true", help="the smallest run: 2 prompts × 8 rows of up to 8 "
+                        "tokens, 1 repeat (with a tiny --model, for tests; times mean nothing)")
     args = parser.parse_args()
+    if args.smoke:
+        args.prompts, args.n, args.max_new_tokens, args.repeats = 2, 8, 8, 1
     policies = args.policies.split(",")
     if unknown := [p for p in policies if p not in POLICIES]:
         parser.error(f"unknown policy {unknown}; policies: {', '.join(POLICIES)}")
@@ -75,7 +83,7 @@ def main() -> None:
         from adarl.config import ModelConfig
         from adarl.models import chat_ids, load_model
 
-        model, tok = load_model(ModelConfig(path="smollm2-135m"), for_training=False)
+        model, tok = load_model(ModelConfig(path=args.model), for_training=False)
         model.to(device)
         prompts = [chat_ids(tok, [{"role": "user", "content": f"What is {a} + {b}? Explain step by step."}])
                    for a, b in rng.integers(10, 100, (args.prompts, 2))]
