@@ -29,11 +29,10 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from adarl.comparison import mechanism
 from allocation import paired_task, report_task
 from equal_budget import budget_overrides, curve, train_run
 from methods import METHODS, ROOT
-
-from adarl.comparison import mechanism
 
 
 @dataclass(frozen=True)
@@ -43,8 +42,8 @@ class Pool:
 
 
 POOLS = {"mixed": Pool("mixed_pool", True), "revisited": Pool("revisited_pool", False)}
-# the smallest setting: the tiny model, 2 problems a share, 2 prompts of 8-token completions a step
-SMOKE = {"pool_size": 2, "eval_per_share": 2, "budget_tokens": 160, "eval_every": 1}
+# the smallest setting: the tiny model, 1 problem a share, 2 prompts of at most 8-token completions a step
+SMOKE = {"pool_size": 1, "eval_per_share": 2, "budget_tokens": 320, "eval_every": 2}
 SMOKE_OVERRIDES = ["model.device=cpu", "rollout.backend=hf", "rollout.max_new_tokens=8", "reward_workers=1",
                    "budget.prompts_per_step=2", "train.micro_batch_tokens=512", "log.trackers=[]",
                    "log.rollouts_every=0"]
@@ -52,14 +51,19 @@ DIAGNOSTICS = ("unseen fraction", "visits per selected prompt", "pool visited", 
                "wasted token fraction")
 
 
+def shares(pool: Pool) -> list[dict]:
+    """The pool recipe's task.mixture shares ([] for a homogeneous pool)."""
+    recipe = yaml.safe_load((ROOT / "recipes" / f"{pool.recipe}.yaml").read_text())
+    return recipe["task"].get("mixture", []) if pool.mixed else []
+
+
 def pool_overrides(pool: Pool, size: int, eval_per_share: int) -> tuple[list[str], int, int]:
     """(overrides, training problems, held-out problems) of `pool` cut to `size` training problems (per
     share) and `eval_per_share` held-out ones."""
-    recipe = yaml.safe_load((ROOT / "recipes" / f"{pool.recipe}.yaml").read_text())
     if not pool.mixed:
-        return [f"task.size={size}"], size, eval_per_share
-    shares = [{**share, "size": size, "eval_size": eval_per_share} for share in recipe["task"]["mixture"]]
-    return [f"task.mixture={json.dumps(shares)}"], size * len(shares), eval_per_share * len(shares)
+        return [f"task.size={size}", f"task.eval_size={eval_per_share}"], size, eval_per_share
+    cut = [{**share, "size": size, "eval_size": eval_per_share} for share in shares(pool)]
+    return [f"task.mixture={json.dumps(cut)}"], size * len(cut), eval_per_share * len(cut)
 
 
 def run_key(pool: str, args: argparse.Namespace) -> str:
@@ -75,7 +79,7 @@ def run_one(pool: str, method: str, seed: int, args: argparse.Namespace) -> list
                      f"{pool} {method} seed {seed}", args.report_only, Path(args.results) / where)
 
 
-def mechanism_table(pool: str, runs: dict[str, list[list[dict]]], pool_problems: int) -> list[dict]:
+def mechanism_table(pool: str, runs: dict[str, list[list[dict]]], pool_problems: int, labels: list[str]) -> list[dict]:
     """Seed means of each method's final pass@1 per share and `DIAGNOSTICS`; passes = groups / pool size."""
     per_method = {}
     for method, seeds in runs.items():
@@ -83,8 +87,7 @@ def mechanism_table(pool: str, runs: dict[str, list[list[dict]]], pool_problems:
                   for rows in seeds]
         per_method[method] = {k: float(np.mean([v[k] for v in values if k in v]))
                               for k in sorted({k for v in values for k in v})}
-    shares = sorted({k for m in per_method.values() for k in m if k.startswith("final pass@1 ")})
-    columns = [*shares, "passes", *DIAGNOSTICS]
+    columns = [*(f"final pass@1 {label}" for label in labels), "passes", *DIAGNOSTICS]
     print(f"\n#### {pool}: mechanism (seed means; passes = groups trained on / {pool_problems} pool problems)\n")
     print("| method | seeds | " + " | ".join(columns) + " |")
     print("|---|---|" + "---|" * len(columns))
@@ -101,9 +104,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--pools", default="mixed")
     parser.add_argument("--methods", default="uniform,vade,feature_prior")
     parser.add_argument("--seeds", default="0,1,2,3,4")
-    parser.add_argument("--pool-size", type=int, default=8, help="training problems (per share on the mixed pool)")
+    parser.add_argument("--pool-size", type=int, default=7, help="training problems (per share on the mixed pool)")
     parser.add_argument("--eval-per-share", type=int, default=40, help="held-out problems (per share)")
-    parser.add_argument("--budget-tokens", type=int, default=18000)
+    parser.add_argument("--budget-tokens", type=int, default=12000)
     parser.add_argument("--eval-every", type=int, default=4)
     parser.add_argument("--threads", type=int, default=None, help="torch threads per run")
     parser.add_argument("--runs", default="runs/bench-campaign")
@@ -144,7 +147,7 @@ def main(argv: list[str] | None = None) -> dict:
             "pass@1": report_task(pool, list(curves), curves, args.budget_tokens, seeds),
             "paired": paired_task(pool, curves, done, args.budget_tokens),
             "mechanism": mechanism_table(pool, {m: [results[m, s] for s in ss] for m, ss in done.items()},
-                                         pool_problems)}
+                                         pool_problems, [share["share"] for share in shares(POOLS[pool])])}
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, indent=2))
