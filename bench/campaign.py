@@ -80,7 +80,7 @@ def run_one(pool: str, method: str, seed: int, args: argparse.Namespace) -> list
 
 
 def mechanism_table(pool: str, runs: dict[str, list[list[dict]]], pool_problems: int, labels: list[str]) -> list[dict]:
-    """Seed means of each method's final pass@1 per share and `DIAGNOSTICS`; passes = groups / pool size."""
+    """Seed means of each method's final pass@1 per share and `DIAGNOSTICS`; passes = groups sampled / pool size."""
     per_method = {}
     for method, seeds in runs.items():
         values = [mechanism(rows) | {"passes": sum(r.get("groups", 0) for r in rows) / pool_problems}
@@ -88,7 +88,7 @@ def mechanism_table(pool: str, runs: dict[str, list[list[dict]]], pool_problems:
         per_method[method] = {k: float(np.mean([v[k] for v in values if k in v]))
                               for k in sorted({k for v in values for k in v})}
     columns = [*(f"final pass@1 {label}" for label in labels), "passes", *DIAGNOSTICS]
-    print(f"\n#### {pool}: mechanism (seed means; passes = groups trained on / {pool_problems} pool problems)\n")
+    print(f"\n#### {pool}: mechanism (seed means; passes = groups sampled / {pool_problems} pool problems)\n")
     print("| method | seeds | " + " | ".join(columns) + " |")
     print("|---|---|" + "---|" * len(columns))
     rows = []
