@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,8 +76,50 @@ def run_one(pool: str, method: str, seed: int, args: argparse.Namespace) -> list
     overrides = (budget_overrides(seed, args.budget_tokens, args.eval_every, held_out, args.threads) + cut
                  + METHODS[method] + args.extra)
     where = Path(run_key(pool, args)) / method / f"seed{seed}"
-    return train_run(str(ROOT / "recipes" / f"{POOLS[pool].recipe}.yaml"), overrides, Path(args.runs) / where,
+    rows = train_run(str(ROOT / "recipes" / f"{POOLS[pool].recipe}.yaml"), overrides, Path(args.runs) / where,
                      f"{pool} {method} seed {seed}", args.report_only, Path(args.results) / where)
+    # every group's prompt and correct count (a few kB), for where the groups went (`share_table`)
+    groups, kept = Path(args.runs) / where / "prompts.jsonl", Path(args.results) / where / "prompts.jsonl"
+    if rows is not None and groups.exists() and not kept.exists():
+        shutil.copyfile(groups, kept)
+    return rows
+
+
+def share_of(pool: str, args: argparse.Namespace) -> dict[str, str]:
+    """Prompt id -> share of the cut pool's training problems (the same for every seed: `task.data_seed`)."""
+    from adarl.config import load_recipe
+    from adarl.tasks import build_task
+
+    cut, _, _ = pool_overrides(POOLS[pool], args.pool_size, args.eval_per_share)
+    task = build_task(load_recipe(ROOT / "recipes" / f"{POOLS[pool].recipe}.yaml", cut).task)
+    return {p.id: p.columns["share"] for p in task.train}
+
+
+def share_table(pool: str, groups: dict[str, list[list[dict]]], share: dict[str, str], labels: list[str]) -> list[dict]:
+    """Where each method's groups went, per share (seed means): the share of its groups, the fraction of those
+    with equal rewards (all correct or all wrong: no GRPO signal) and their pass rate."""
+    print(f"\n#### {pool}: where the groups went (seed means of each share's fraction of the groups, the zero-variance "
+          "fraction of that share's groups, and their pass rate)\n")
+    print("| method | seeds | " + " | ".join(f"{s} groups | {s} zero-variance | {s} pass rate" for s in labels) + " |")
+    print("|---|---|" + "---|---|---|" * len(labels))
+    rows = []
+    for method, seeds in groups.items():
+        per_seed = []
+        for run in seeds:
+            by = {label: [g for g in run if share.get(g["prompt_id"]) == label] for label in labels}
+            per_seed.append({label: (len(gs) / len(run), np.mean([g["correct"] in (0, g["n"]) for g in gs]),
+                                     sum(g["correct"] for g in gs) / sum(g["n"] for g in gs))
+                             for label, gs in by.items() if gs})
+        row = {"method": method, "seeds": len(seeds)}
+        cells = []
+        for label in labels:
+            values = [s[label] for s in per_seed if label in s]
+            means = np.mean(values, axis=0) if values else [np.nan] * 3
+            row[label] = {"groups": float(means[0]), "zero_variance": float(means[1]), "pass_rate": float(means[2])}
+            cells += [f"{m:.3f}" for m in means]
+        print(f"| {method} | {len(seeds)} | " + " | ".join(cells) + " |")
+        rows.append(row)
+    return rows
 
 
 def mechanism_table(pool: str, runs: dict[str, list[list[dict]]], pool_problems: int, labels: list[str]) -> list[dict]:
@@ -142,12 +185,18 @@ def main(argv: list[str] | None = None) -> dict:
             continue
         curves = {m: [curve(results[m, s]) for s in ss] for m, ss in done.items()}
         _, pool_problems, _ = pool_overrides(POOLS[pool], args.pool_size, args.eval_per_share)
+        labels = [share["share"] for share in shares(POOLS[pool])]
         report["pools"][pool] = {
             "key": run_key(pool, args),
             "pass@1": report_task(pool, list(curves), curves, args.budget_tokens, seeds),
             "paired": paired_task(pool, curves, done, args.budget_tokens),
             "mechanism": mechanism_table(pool, {m: [results[m, s] for s in ss] for m, ss in done.items()},
-                                         pool_problems, [share["share"] for share in shares(POOLS[pool])])}
+                                         pool_problems, labels)}
+        kept = {m: [Path(args.results) / run_key(pool, args) / m / f"seed{s}" / "prompts.jsonl" for s in ss]
+                for m, ss in done.items()}
+        if labels and all(p.exists() for ps in kept.values() for p in ps):
+            groups = {m: [[json.loads(x) for x in p.read_text().splitlines()] for p in ps] for m, ps in kept.items()}
+            report["pools"][pool]["shares"] = share_table(pool, groups, share_of(pool, args), labels)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, indent=2))

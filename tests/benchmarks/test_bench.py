@@ -123,12 +123,16 @@ def test_campaign_smoke_runs_each_method_and_tabulates_the_mechanism(tiny_model_
         # passes over the pool: every group is one visit of one of the 3 problems
         passes = sum(r["groups"] for r in trained) / 3
         assert passes > 1 and trained[-1]["pool/visited_fraction"] == 1.0
+        # the kept groups are the run's: one line per group sampled
+        assert len((path.parent / "prompts.jsonl").read_text().splitlines()) == sum(r["groups"] for r in trained)
     for row in mixed["mechanism"]:
         assert row["seeds"] == 2 and row["passes"] > 1
         assert {"final pass@1 easy", "final pass@1 middle", "final pass@1 hard"} <= set(row)
         # step 1 draws only unseen prompts, a later step some seen ones: the run's mean lies strictly between
         assert 0 < row["unseen fraction"] < 1 and row["visits per selected prompt"] > 0
         assert row["useful-token fraction"] + row["wasted token fraction"] <= 1 + 1e-9
+    for row in mixed["shares"]:  # each share's fraction of the groups: 1 problem of 3 each, they add up to 1
+        assert sum(row[share]["groups"] for share in ("easy", "middle", "hard")) == pytest.approx(1.0)
     (paired,) = mixed["paired"]
     assert paired["method"] == "feature_prior" and paired["pass@1_at_budget"]["n"] == 2
     # the kept results are the runs: --report-only trains nothing and gives the same table
