@@ -40,6 +40,7 @@ RECIPES = {
     "adhint": "hints_adhint",
     "xrpo_seeding": "hints_xrpo_seeding",
     "sdar": "distill_sdar",
+    "feature_prior": "select_feature_prior",
 }
 
 

@@ -1,0 +1,207 @@
+"""Issue 38's campaign: uniform GRPO against the adaptive selectors and allocators, at equal sampled
+tokens, on a mixed-difficulty pool and a revisited homogeneous pool, paired by seed.
+
+A pool is a recipe (recipes/mixed_pool.yaml, recipes/revisited_pool.yaml) cut to the campaign's size
+by overrides (`POOLS`, `pool_overrides`): `--pool-size` training problems (per share on the mixed pool)
+and `--eval-per-share` held-out ones, so that the token budget passes over the pool several times and a
+per-prompt selector sees its prompts again. Each method is its recipe's sections (bench/methods.py), run
+by bench/equal_budget.py's resumable queue; finished runs' metrics are kept under `--results` (in git).
+
+The report (per pool): bench/allocation.py's tables (final pass@1, tokens to uniform's final pass@1 as a
+ratio of uniform's budget, the paired Δ to uniform at the budget with its t interval), then the mechanism
+(seed means of adarl.comparison.mechanism): final pass@1 per share, passes over the pool, the unseen
+fraction and visits per selected prompt, the pool visited, the useful-token and zero-variance token
+fractions of the run's sampled tokens.
+
+    .venv/bin/python bench/campaign.py --pools mixed --methods uniform,vade,feature_prior \
+        --seeds 0,1,2,3,4 --threads 1 [--report-only --partial] [--out bench/out/campaign.json]
+
+`--smoke` runs the whole path on a tiny model (`--model`) in seconds (tests/benchmarks/test_bench.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from adarl.comparison import mechanism
+from allocation import paired_task, report_task
+from equal_budget import budget_overrides, curve, train_run
+from methods import METHODS, ROOT
+
+
+@dataclass(frozen=True)
+class Pool:
+    recipe: str  # under recipes/
+    mixed: bool  # its shares are cut one by one (task.mixture) instead of task.size
+
+
+POOLS = {"mixed": Pool("mixed_pool", True), "revisited": Pool("revisited_pool", False)}
+# the smallest setting: the tiny model, 1 problem a share, 2 prompts of at most 8-token completions a step
+SMOKE = {"pool_size": 1, "eval_per_share": 2, "budget_tokens": 320, "eval_every": 2}
+SMOKE_OVERRIDES = ["model.device=cpu", "rollout.backend=hf", "rollout.max_new_tokens=8", "reward_workers=1",
+                   "budget.prompts_per_step=2", "train.micro_batch_tokens=512", "log.trackers=[]",
+                   "log.rollouts_every=0"]
+DIAGNOSTICS = ("unseen fraction", "visits per selected prompt", "pool visited", "useful-token fraction",
+               "wasted token fraction")
+
+
+def shares(pool: Pool) -> list[dict]:
+    """The pool recipe's task.mixture shares ([] for a homogeneous pool)."""
+    recipe = yaml.safe_load((ROOT / "recipes" / f"{pool.recipe}.yaml").read_text())
+    return recipe["task"].get("mixture", []) if pool.mixed else []
+
+
+def pool_overrides(pool: Pool, size: int, eval_per_share: int) -> tuple[list[str], int, int]:
+    """(overrides, training problems, held-out problems) of `pool` cut to `size` training problems (per
+    share) and `eval_per_share` held-out ones."""
+    if not pool.mixed:
+        return [f"task.size={size}", f"task.eval_size={eval_per_share}"], size, eval_per_share
+    cut = [{**share, "size": size, "eval_size": eval_per_share} for share in shares(pool)]
+    return [f"task.mixture={json.dumps(cut)}"], size * len(cut), eval_per_share * len(cut)
+
+
+def run_key(pool: str, args: argparse.Namespace) -> str:
+    return f"{pool}/n{args.pool_size}-e{args.eval_per_share}-b{args.budget_tokens}"
+
+
+def run_one(pool: str, method: str, seed: int, args: argparse.Namespace) -> list[dict] | None:
+    cut, _, held_out = pool_overrides(POOLS[pool], args.pool_size, args.eval_per_share)
+    overrides = (budget_overrides(seed, args.budget_tokens, args.eval_every, held_out, args.threads) + cut
+                 + METHODS[method] + args.extra)
+    where = Path(run_key(pool, args)) / method / f"seed{seed}"
+    rows = train_run(str(ROOT / "recipes" / f"{POOLS[pool].recipe}.yaml"), overrides, Path(args.runs) / where,
+                     f"{pool} {method} seed {seed}", args.report_only, Path(args.results) / where)
+    # every group's prompt and correct count (a few kB), for where the groups went (`share_table`)
+    groups, kept = Path(args.runs) / where / "prompts.jsonl", Path(args.results) / where / "prompts.jsonl"
+    if rows is not None and groups.exists() and not kept.exists():
+        shutil.copyfile(groups, kept)
+    return rows
+
+
+def share_of(pool: str, args: argparse.Namespace) -> dict[str, str]:
+    """Prompt id -> share of the cut pool's training problems (the same for every seed: `task.data_seed`)."""
+    from adarl.config import load_recipe
+    from adarl.tasks import build_task
+
+    cut, _, _ = pool_overrides(POOLS[pool], args.pool_size, args.eval_per_share)
+    task = build_task(load_recipe(ROOT / "recipes" / f"{POOLS[pool].recipe}.yaml", cut).task)
+    return {p.id: p.columns["share"] for p in task.train}
+
+
+def share_table(pool: str, groups: dict[str, list[list[dict]]], share: dict[str, str], labels: list[str]) -> list[dict]:
+    """Where each method's groups went, per share (seed means): the share of its groups, the fraction of those
+    with equal rewards (all correct or all wrong: no GRPO signal) and their pass rate."""
+    print(f"\n#### {pool}: where the groups went (seed means of each share's fraction of the groups, the zero-variance "
+          "fraction of that share's groups, and their pass rate)\n")
+    print("| method | seeds | " + " | ".join(f"{s} groups | {s} zero-variance | {s} pass rate" for s in labels) + " |")
+    print("|---|---|" + "---|---|---|" * len(labels))
+    rows = []
+    for method, seeds in groups.items():
+        per_seed = []
+        for run in seeds:
+            by = {label: [g for g in run if share.get(g["prompt_id"]) == label] for label in labels}
+            per_seed.append({label: (len(gs) / len(run), np.mean([g["correct"] in (0, g["n"]) for g in gs]),
+                                     sum(g["correct"] for g in gs) / sum(g["n"] for g in gs))
+                             for label, gs in by.items() if gs})
+        row = {"method": method, "seeds": len(seeds)}
+        cells = []
+        for label in labels:
+            values = [s[label] for s in per_seed if label in s]
+            means = np.mean(values, axis=0) if values else [np.nan] * 3
+            row[label] = {"groups": float(means[0]), "zero_variance": float(means[1]), "pass_rate": float(means[2])}
+            cells += [f"{m:.3f}" for m in means]
+        print(f"| {method} | {len(seeds)} | " + " | ".join(cells) + " |")
+        rows.append(row)
+    return rows
+
+
+def mechanism_table(pool: str, runs: dict[str, list[list[dict]]], pool_problems: int, labels: list[str]) -> list[dict]:
+    """Seed means of each method's final pass@1 per share and `DIAGNOSTICS`; passes = groups sampled / pool size."""
+    per_method = {}
+    for method, seeds in runs.items():
+        values = [mechanism(rows) | {"passes": sum(r.get("groups", 0) for r in rows) / pool_problems}
+                  for rows in seeds]
+        per_method[method] = {k: float(np.mean([v[k] for v in values if k in v]))
+                              for k in sorted({k for v in values for k in v})}
+    columns = [*(f"final pass@1 {label}" for label in labels), "passes", *DIAGNOSTICS]
+    print(f"\n#### {pool}: mechanism (seed means; passes = groups sampled / {pool_problems} pool problems)\n")
+    print("| method | seeds | " + " | ".join(columns) + " |")
+    print("|---|---|" + "---|" * len(columns))
+    rows = []
+    for method, m in per_method.items():
+        cells = [f"{m[c]:.3f}" if c in m else "-" for c in columns]
+        print(f"| {method} | {len(runs[method])} | " + " | ".join(cells) + " |")
+        rows.append({"method": method, "seeds": len(runs[method]), **m})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pools", default="mixed")
+    parser.add_argument("--methods", default="uniform,vade,feature_prior")
+    parser.add_argument("--seeds", default="0,1,2,3,4")
+    parser.add_argument("--pool-size", type=int, default=6, help="training problems (per share on the mixed pool)")
+    parser.add_argument("--eval-per-share", type=int, default=40, help="held-out problems (per share)")
+    parser.add_argument("--budget-tokens", type=int, default=12000)
+    parser.add_argument("--eval-every", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads per run")
+    parser.add_argument("--runs", default="runs/bench-campaign")
+    parser.add_argument("--results", default="bench/results/campaign", help="finished runs' metrics (in git)")
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--report-only", action="store_true", help="train nothing; tabulate finished runs")
+    parser.add_argument("--partial", action="store_true", help="tabulate each method over its finished seeds")
+    parser.add_argument("--smoke", action="store_true", help="the smallest setting, on --model (seconds)")
+    parser.add_argument("--model", default=None, help="model.path for every run (the recipes' model if unset)")
+    args = parser.parse_args(argv)
+    args.extra = [f"model.path={args.model}"] if args.model else []
+    if args.smoke:
+        vars(args).update(SMOKE)
+        args.extra += SMOKE_OVERRIDES
+    pools, methods = args.pools.split(","), args.methods.split(",")
+    seeds = [int(s) for s in args.seeds.split(",")]
+    unknown = [m for m in methods if m not in METHODS] + [p for p in pools if p not in POOLS]
+    if unknown:
+        parser.error(f"unknown method/pool {unknown}; methods: {', '.join(METHODS)}; pools: {', '.join(POOLS)}")
+    report: dict = {"budget_tokens": args.budget_tokens, "pool_size": args.pool_size,
+                    "eval_per_share": args.eval_per_share, "eval_every": args.eval_every, "seeds": seeds, "pools": {}}
+    for pool in pools:
+        # seed-major, so an interrupted campaign holds whole seeds of every method
+        results = {(m, s): run_one(pool, m, s, args) for s in seeds for m in methods}
+        busy = [k for k, v in results.items() if v is None]
+        if busy:
+            print(f"\n{pool}: {len(busy)} run(s) not finished: " + ", ".join(f"{m} seed {s}" for m, s in busy))
+            if not args.partial:
+                continue
+        done = {m: [s for s in seeds if results[m, s] is not None] for m in methods}
+        done = {m: ss for m, ss in done.items() if ss}
+        if not done:
+            continue
+        curves = {m: [curve(results[m, s]) for s in ss] for m, ss in done.items()}
+        _, pool_problems, _ = pool_overrides(POOLS[pool], args.pool_size, args.eval_per_share)
+        labels = [share["share"] for share in shares(POOLS[pool])]
+        report["pools"][pool] = {
+            "key": run_key(pool, args),
+            "pass@1": report_task(pool, list(curves), curves, args.budget_tokens, seeds),
+            "paired": paired_task(pool, curves, done, args.budget_tokens),
+            "mechanism": mechanism_table(pool, {m: [results[m, s] for s in ss] for m, ss in done.items()},
+                                         pool_problems, labels)}
+        kept = {m: [Path(args.results) / run_key(pool, args) / m / f"seed{s}" / "prompts.jsonl" for s in ss]
+                for m, ss in done.items()}
+        if labels and all(p.exists() for ps in kept.values() for p in ps):
+            groups = {m: [[json.loads(x) for x in p.read_text().splitlines()] for p in ps] for m, ps in kept.items()}
+            report["pools"][pool]["shares"] = share_table(pool, groups, share_of(pool, args), labels)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(report, indent=2))
+    return report
+
+
+if __name__ == "__main__":
+    main()
