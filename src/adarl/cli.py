@@ -102,8 +102,8 @@ def train(
                                     loaded.train.heartbeat_timeout_s) != 0:
             try:
                 follow(loaded)
-            except RankFailure as err:
-                _fail(str(err))
+            except (RankFailure, FileNotFoundError, ValueError, ImportError) as err:  # rank 0 says it too
+                _fail(str(err) if isinstance(err, RankFailure) else f"rank {sharded.rank()}: {err}")
             finally:
                 sharded.end_distributed()
             return

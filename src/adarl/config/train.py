@@ -42,10 +42,10 @@ class TrainConfig(Section):
     cpu_offload: bool = False  # fsdp2: shards, gradients and Adam's moments in host memory between uses
     # fsdp2 (train/control.py): a collective that waits this long for a rank (dead or hung) ends the run,
     # naming the rank; it must cover the slowest gap between a call's collectives (a checkpoint's write)
-    collective_timeout_s: float = Field(600.0, gt=0, le=MAX_SECONDS)
+    collective_timeout_s: float = Field(600.0, ge=1.0, le=MAX_SECONDS)
     # fsdp2: every rank beats 8 times in this span through the rendezvous store; a rank silent this long
     # is dead or hung (the ranks waiting on rank 0 wait without a timeout while it beats)
-    heartbeat_timeout_s: float = Field(60.0, gt=0, le=MAX_SECONDS)
+    heartbeat_timeout_s: float = Field(60.0, ge=1.0, le=MAX_SECONDS)  # (beats every 1/8 of it)
 
     @field_validator("betas")
     @classmethod
