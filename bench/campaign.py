@@ -11,7 +11,11 @@ The report (per pool): bench/allocation.py's tables (final pass@1, tokens to uni
 ratio of uniform's budget, the paired Δ to uniform at the budget with its t interval), then the mechanism
 (seed means of adarl.comparison.mechanism): final pass@1 per share, passes over the pool, the unseen
 fraction and visits per selected prompt, the pool visited, the useful-token and zero-variance token
-fractions of the run's sampled tokens.
+fractions of the run's sampled tokens; and where the groups went, per share (from each run's prompts.jsonl,
+kept beside its metrics): the share's fraction of the groups, their zero-variance fraction and pass rate.
+
+The defaults (6 problems a share, 40 held-out a share, 12k sampled tokens, evals every 3 steps) take about
+10 minutes a run on a loaded 2-core CPU and pass over the mixed pool about 3.5 times (docs/benchmarks.md).
 
     .venv/bin/python bench/campaign.py --pools mixed --methods uniform,vade,feature_prior \
         --seeds 0,1,2,3,4 --threads 1 [--report-only --partial] [--out bench/out/campaign.json]
