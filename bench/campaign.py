@@ -108,7 +108,8 @@ def tokens_ratio_table(pool: str, curves: dict[str, list], done: dict[str, list[
         stat = mean_ci(list(ratios.values()))
         reached = stat["n"]
         upper = stat["ci95"][1] if stat["ci95"] else None
-        verdict = ("baseline" if method == "uniform" else "n/a" if reached < 2 else "a seed not reached" if reached < len(ratios)
+        verdict = ("baseline" if method == "uniform" else "n/a" if reached < 2
+                   else "a seed not reached" if reached < len(ratios)
                    else "<= 0.5x" if upper <= 0.5 else "fewer tokens" if upper < 1 else "no difference shown")
         interval = f" [{stat['ci95'][0]:.2f}, {upper:.2f}]" if upper is not None else ""
         mean = f"{stat['mean']:.2f}{interval}" if stat["mean"] is not None else "-"
