@@ -11,7 +11,11 @@ The report (per pool): bench/allocation.py's tables (final pass@1, tokens to uni
 ratio of uniform's budget, the paired Δ to uniform at the budget with its t interval), then the mechanism
 (seed means of adarl.comparison.mechanism): final pass@1 per share, passes over the pool, the unseen
 fraction and visits per selected prompt, the pool visited, the useful-token and zero-variance token
-fractions of the run's sampled tokens.
+fractions of the run's sampled tokens; and where the groups went, per share (from each run's prompts.jsonl,
+kept beside its metrics): the share's fraction of the groups, their zero-variance fraction and pass rate.
+
+The defaults (6 problems a share, 40 held-out a share, 12k sampled tokens, evals every 3 steps) take about
+10 minutes a run on a loaded 2-core CPU and pass over the mixed pool about 3.5 times (docs/benchmarks.md).
 
     .venv/bin/python bench/campaign.py --pools mixed --methods uniform,vade,feature_prior \
         --seeds 0,1,2,3,4 --threads 1 [--report-only --partial] [--out bench/out/campaign.json]
@@ -30,7 +34,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from adarl.comparison import mechanism
+from adarl.comparison import mechanism, tokens_to
+from adarl.stats import mean_ci
 from allocation import paired_task, report_task
 from equal_budget import budget_overrides, curve, train_run
 from methods import METHODS, ROOT
@@ -82,6 +87,35 @@ def run_one(pool: str, method: str, seed: int, args: argparse.Namespace) -> list
     groups, kept = Path(args.runs) / where / "prompts.jsonl", Path(args.results) / where / "prompts.jsonl"
     if rows is not None and groups.exists() and not kept.exists():
         shutil.copyfile(groups, kept)
+    return rows
+
+
+def tokens_ratio_table(pool: str, curves: dict[str, list], done: dict[str, list[int]], budget: int) -> list[dict]:
+    """Per seed, the tokens a method's curve needs to reach uniform's final pass@1 of the same seed, over
+    the tokens uniform spent; the mean over seeds with its 95% t interval. A seed that does not reach it by
+    the budget is counted, never averaged: with one, there is no verdict."""
+    base = {s: (tok[-1], acc[-1]) for s, (tok, acc) in zip(done["uniform"], curves["uniform"], strict=True)}
+    print(f"\n#### {pool}: tokens to uniform's final pass@1 of the same seed, as a ratio of uniform's tokens\n")
+    print("| method | paired seeds | reached | ratio per seed | mean ratio [95% CI] | verdict |")
+    print("|---|---|---|---|---|---|")
+    rows = []
+    for method, cs in curves.items():
+        ratios = {}
+        for s, (tok, acc) in zip(done[method], cs, strict=True):
+            if s in base:
+                reach = tokens_to(list(zip(tok.tolist(), acc.tolist(), strict=True)), base[s][1], budget)
+                ratios[s] = reach / base[s][0] if reach is not None else None
+        stat = mean_ci(list(ratios.values()))
+        reached = stat["n"]
+        upper = stat["ci95"][1] if stat["ci95"] else None
+        verdict = ("baseline" if method == "uniform" else "n/a" if reached < 2
+                   else "a seed not reached" if reached < len(ratios)
+                   else "<= 0.5x" if upper <= 0.5 else "fewer tokens" if upper < 1 else "no difference shown")
+        interval = f" [{stat['ci95'][0]:.2f}, {upper:.2f}]" if upper is not None else ""
+        mean = f"{stat['mean']:.2f}{interval}" if stat["mean"] is not None else "-"
+        per_seed = ", ".join(f"{r:.2f}" if r is not None else "not reached" for r in ratios.values())
+        print(f"| {method} | {len(ratios)} | {reached}/{len(ratios)} | {per_seed} | {mean} | {verdict} |")
+        rows.append({"method": method, "per_seed": ratios, **stat, "verdict": verdict})
     return rows
 
 
@@ -190,6 +224,7 @@ def main(argv: list[str] | None = None) -> dict:
             "key": run_key(pool, args),
             "pass@1": report_task(pool, list(curves), curves, args.budget_tokens, seeds),
             "paired": paired_task(pool, curves, done, args.budget_tokens),
+            "tokens_ratio": tokens_ratio_table(pool, curves, done, args.budget_tokens) if "uniform" in done else [],
             "mechanism": mechanism_table(pool, {m: [results[m, s] for s in ss] for m, ss in done.items()},
                                          pool_problems, labels)}
         kept = {m: [Path(args.results) / run_key(pool, args) / m / f"seed{s}" / "prompts.jsonl" for s in ss]

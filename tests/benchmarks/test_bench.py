@@ -133,6 +133,9 @@ def test_campaign_smoke_runs_each_method_and_tabulates_the_mechanism(tiny_model_
         assert row["useful-token fraction"] + row["wasted token fraction"] <= 1 + 1e-9
     for row in mixed["shares"]:  # each share's fraction of the groups: 1 problem of 3 each, they add up to 1
         assert sum(row[share]["groups"] for share in ("easy", "middle", "hard")) == pytest.approx(1.0)
+    # the tiny model scores 0 from its first eval (tokens 0) on: every seed reaches uniform's final 0 at once
+    assert [(r["method"], r["per_seed"], r["mean"]) for r in mixed["tokens_ratio"]] == [
+        ("uniform", {"0": 0.0, "1": 0.0}, 0.0), ("feature_prior", {"0": 0.0, "1": 0.0}, 0.0)]
     (paired,) = mixed["paired"]
     assert paired["method"] == "feature_prior" and paired["pass@1_at_budget"]["n"] == 2
     # the kept results are the runs: --report-only trains nothing and gives the same table
