@@ -22,7 +22,7 @@ import yaml
 pytest.importorskip("ray", reason="ray is not installed (pip install 'adarl[ray]')")
 
 from adarl.config import RecipeError, load_recipe  # noqa: E402
-from test_sharded import max_difference  # noqa: E402
+from test_sharded import assert_runs_agree  # noqa: E402
 from test_train import recipe_data, write_task  # noqa: E402
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -48,20 +48,12 @@ def cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.heavy
 def test_ray_placed_ranks_train_as_one_process(tiny_model_dir, tmp_path):
-    from transformers import AutoModelForCausalLM
 
     recipe = ray_recipe(tiny_model_dir, tmp_path, checkpoint={"every": 2})
     for name, extra in (("one", []), ("two", ON_RAY)):
         done = cli(tmp_path, str(recipe), *extra, "--run-dir", str(tmp_path / name))
         assert done.returncode == 0, done.stderr[-3000:]
-    rows = {name: [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
-            for name in ("one", "two")}
-    assert [r["step"] for r in rows["two"]] == [1, 2]
-    for a, b in zip(rows["one"], rows["two"], strict=True):  # the same rollouts, rewards and update
-        assert a["reward"] == b["reward"] and a["tokens"] == b["tokens"]
-        assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-5 * a["grad_norm"]
-    one, two = (AutoModelForCausalLM.from_pretrained(tmp_path / name / "final").state_dict() for name in ("one", "two"))
-    assert max_difference(one, two) < 1e-5
+    assert_runs_agree(tmp_path / "one", tmp_path / "two", steps=2)
     sharded = tmp_path / "two" / "checkpoints" / "step_000002" / "sharded"  # each rank wrote its shards
     assert sorted(p.name for p in sharded.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["one", "prompts.jsonl", "recipe.yaml", "two"]

@@ -37,6 +37,27 @@ def max_difference(a: dict, b: dict) -> float:
     return max(float((a[n] - b[n]).abs().max()) for n in a)
 
 
+def metrics_rows(run_dir: Path) -> list[dict]:
+    import json
+
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def assert_runs_agree(one: Path, other: Path, steps: int) -> dict[str, list[dict]]:
+    """`other` (sharded) trained as `one` (one process) did: steps 1..`steps`, the same rollouts, rewards and
+    updates (grad norms within 1e-5 relative), the same final weights within 1e-5. Their metrics rows."""
+    from safetensors.torch import load_file
+
+    rows = {"one": metrics_rows(one), "other": metrics_rows(other)}
+    assert [r["step"] for r in rows["other"]] == list(range(1, steps + 1))
+    for a, b in zip(rows["one"], rows["other"], strict=True):  # the same rollouts, rewards and update
+        assert a["reward"] == b["reward"] and a["tokens"] == b["tokens"]
+        assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-5 * a["grad_norm"]
+    final = [load_file(run / "final" / "model.safetensors") for run in (one, other)]
+    assert max_difference(*final) < 1e-5
+    return rows
+
+
 @pytest.fixture(scope="module")
 def one_and_two(tiny_model_dir, tmp_path_factory):
     """Every agg mode, micro-batches of 40 padded tokens (3-5 per update and rank: gradient accumulation),
@@ -89,7 +110,6 @@ def test_torchrun_train_drives_the_ranks_from_rank_0(tiny_model_dir, tmp_path, m
     import json
 
     import yaml
-    from transformers import AutoModelForCausalLM
 
     from test_train import recipe_data, write_task
 
@@ -109,14 +129,7 @@ def test_torchrun_train_drives_the_ranks_from_rank_0(tiny_model_dir, tmp_path, m
 
     cli(str(recipe), "--run-dir", str(tmp_path / "one"))
     cli(str(recipe), "train.parallel=fsdp2", "--run-dir", str(tmp_path / "two"), head=torchrun)
-    rows = {name: [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
-            for name in ("one", "two")}
-    assert [r["step"] for r in rows["two"]] == [1, 2]
-    for a, b in zip(rows["one"], rows["two"], strict=True):  # the same rollouts, rewards and update
-        assert a["reward"] == b["reward"] and a["tokens"] == b["tokens"]
-        assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-5 * a["grad_norm"]
-    one, two = (AutoModelForCausalLM.from_pretrained(tmp_path / name / "final").state_dict() for name in ("one", "two"))
-    assert max_difference(one, two) < 1e-5
+    assert_runs_agree(tmp_path / "one", tmp_path / "two", steps=2)
     assert (tmp_path / "two" / "checkpoints" / "step_000002" / "sharded" / ".metadata").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["one", "prompts.jsonl", "recipe.yaml", "two"]
     log = cli("--resume", str(tmp_path / "two"), "budget.max_steps=3", head=torchrun)
@@ -251,9 +264,7 @@ def test_a_one_process_checkpoint_resumes_on_two_ranks(tiny_model_dir, tmp_path)
     """The reverse of the re-sharding above: a run trained one step in one process (a whole checkpoint:
     weights.safetensors, optimizer.pt) resumes under `torchrun --nproc-per-node 2` with fsdp2, rank 0
     reading the files and the ranks sharding them, and trains on as the one process does."""
-    import json
 
-    from safetensors.torch import load_file
 
     recipe, run = _sharded_cli(tiny_model_dir, tmp_path)
     head = [sys.executable, "-m", "adarl.cli", "train"]
@@ -268,21 +279,13 @@ def test_a_one_process_checkpoint_resumes_on_two_ranks(tiny_model_dir, tmp_path)
     done, _ = run("--resume", str(tmp_path / "moved"), "train.parallel=fsdp2", "budget.max_steps=3")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "from step 1" in done.stderr
-    rows = {name: [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
-            for name in ("one", "moved")}
-    assert [r["step"] for r in rows["moved"]] == [1, 2, 3]
-    for a, b in zip(rows["one"], rows["moved"], strict=True):  # the same rollouts, rewards and updates
-        assert a["reward"] == b["reward"] and a["tokens"] == b["tokens"]
-        assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-5 * a["grad_norm"]
-    a, b = (load_file(tmp_path / name / "final" / "model.safetensors") for name in ("one", "moved"))
-    assert max_difference(a, b) < 1e-5
+    assert_runs_agree(tmp_path / "one", tmp_path / "moved", steps=3)
 
 
 def test_lora_on_two_ranks_trains_as_one_process(tiny_model_dir, tmp_path):
     """LoRA under fsdp2: the frozen base and the adapters sharded per layer, only the adapters gathered
     into rank 0's whole copy (its generator samples from it with no copy). 2 ranks and one process draw
     the same rollouts and rewards, take the same updates, and write the same merged final model."""
-    import json
 
     from safetensors.torch import load_file
 
@@ -296,14 +299,7 @@ def test_lora_on_two_ranks_trains_as_one_process(tiny_model_dir, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     done, _ = run(str(recipe), *lora, "--run-dir", str(tmp_path / "two"))
     assert done.returncode == 0, done.stderr[-3000:]
-    rows = {name: [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
-            for name in ("one", "two")}
-    assert [r["step"] for r in rows["two"]] == [1, 2, 3]
-    for a, b in zip(rows["one"], rows["two"], strict=True):
-        assert a["reward"] == b["reward"] and a["tokens"] == b["tokens"]
-        assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-5 * a["grad_norm"]
-    assert rows["two"][-1]["grad_norm"] > 0  # the adapters did train
-    one, two, base = (load_file(path / "model.safetensors") for path in
-                      (tmp_path / "one" / "final", tmp_path / "two" / "final", tiny_model_dir))
-    assert max_difference(one, two) < 1e-5
+    rows = assert_runs_agree(tmp_path / "one", tmp_path / "two", steps=3)
+    assert rows["other"][-1]["grad_norm"] > 0  # the adapters did train
+    two, base = (load_file(path / "model.safetensors") for path in (tmp_path / "two" / "final", tiny_model_dir))
     assert max(float((two[n] - base[n]).abs().max()) for n in base) > 1e-4  # merged adapters moved the weights
