@@ -214,8 +214,7 @@ class ShardedLearner(Learner):
         return Learner.update(self, _restore(portable), weights)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        keys = ("scheduler", "skipped_updates", "bad_updates_in_a_row", "guard_length")
-        self._load_state({k: state[k] for k in keys if k in state})
+        self._load_state(_learner_state(state))
 
     @everywhere
     def _load_state(self, state: dict[str, Any]) -> None:
@@ -259,8 +258,7 @@ class ShardedLearner(Learner):
     @everywhere
     def load_sharded(self, path: Path, state: dict[str, Any]) -> None:
         load_dcp(self.model, self.optimizer, path)
-        keys = ("scheduler", "skipped_updates", "bad_updates_in_a_row", "guard_length")
-        Learner.load_state_dict(self, {k: state[k] for k in keys if k in state})
+        Learner.load_state_dict(self, _learner_state(state))
 
     @everywhere
     def load_whole(self, path: Path, state: dict[str, Any]) -> None:
@@ -293,8 +291,7 @@ class ShardedLearner(Learner):
         options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=not self.lora)
         set_model_state_dict(self.model, weights, options=options)
         set_optimizer_state_dict(self.model, self.optimizer, optim, options=options)
-        keys = ("scheduler", "skipped_updates", "bad_updates_in_a_row", "guard_length")
-        Learner.load_state_dict(self, {k: state[k] for k in keys if k in state})
+        Learner.load_state_dict(self, _learner_state(state))
 
     # ------------------------------------------------------------ the update, on this rank's share
 
@@ -353,6 +350,12 @@ class ShardedLearner(Learner):
         gathered: list[Any] = [None] * self.world
         dist.all_gather_object(gathered, sums)
         return {k: sum(part.get(k, 0.0) for part in gathered) for k in dict.fromkeys(k for p in gathered for k in p)}
+
+
+def _learner_state(state: dict[str, Any]) -> dict[str, Any]:
+    """The learner's part of a checkpoint's trainer state (what every rank loads; the rest stays on rank 0)."""
+    keys = ("scheduler", "skipped_updates", "bad_updates_in_a_row", "guard_length")
+    return {k: state[k] for k in keys if k in state}
 
 
 def _portable(batch: Batch) -> tuple:
