@@ -324,12 +324,16 @@ def synthetic_batch(rows: int, prompt_len: int, completion_len: int, vocab: int)
 
 
 def update_speed(model, device: torch.device, rows: int, prompt_len: int, completion_len: int,
-                 shape: dict, peak_flops: float | None, fp32_lm_head: bool = True) -> dict[str, Any]:
+                 shape: dict, peak_flops: float | None, fp32_lm_head: bool = True,
+                 fused_head: bool = True) -> dict[str, Any]:
     batch = synthetic_batch(rows, prompt_len, completion_len, shape["vocab_size"])
     vocab = shape["vocab_size"]
     from adarl import registry
     from adarl.config import TrainConfig
+    from adarl.train import logprobs
     from adarl.train.learner import Learner
+
+    logprobs.FUSED_HEAD = fused_head
 
     cfg = TrainConfig(lr=1e-6, micro_batch_tokens=16 * (prompt_len + completion_len), mixed_precision="bf16",
                       fp32_lm_head=fp32_lm_head)
@@ -344,6 +348,7 @@ def update_speed(model, device: torch.device, rows: int, prompt_len: int, comple
         learner.update(batch)
         sync(device)
         times.append(time.perf_counter() - t0)
+    logprobs.FUSED_HEAD = True
     seconds = min(times)
     tokens = rows * (prompt_len + completion_len)
     h, layers, seq = shape["hidden_size"], shape["num_hidden_layers"], prompt_len + completion_len
@@ -357,7 +362,8 @@ def update_speed(model, device: torch.device, rows: int, prompt_len: int, comple
             "seconds": seconds, "trained_tokens_per_s": tokens / seconds, "model_flops": flops,
             "mfu": flops / seconds / peak_flops if peak_flops else None, "peak_memory_gib": peak_memory_gib(device),
             "scheme": "bf16 autocast, float32 weights, grads and Adam moments (16 B/param)",
-            "lm_head": "float32" if fp32_lm_head else "bf16", "micro_batch_tokens": cfg.micro_batch_tokens}
+            "lm_head": "float32" if fp32_lm_head else "bf16", "micro_batch_tokens": cfg.micro_batch_tokens,
+            "head_backward": "fused (hand-written)" if fused_head else "autograd under checkpoint"}
 
 
 def shapes(device: torch.device, quick: bool, info: dict) -> dict[str, Any]:
@@ -373,8 +379,10 @@ def shapes(device: torch.device, quick: bool, info: dict) -> dict[str, Any]:
             reset_peak(device)
             model = random_model(shape, torch.float32, device)
             sizes = (16, 16, 16) if quick else (64, 128, 384)  # rows, prompt and completion lengths
-            res["update"] = [update_speed(model, device, *sizes, shape, info.get("peak_bf16_flops"), fp32_lm_head=fp32)
-                             for fp32 in (True, False)]
+            # the fused head against the autograd one it replaces, in the same run (bf16 head: the fastest)
+            variants = ((True, True), (False, True), (False, False))  # (float32 head, fused head)
+            res["update"] = [update_speed(model, device, *sizes, shape, info.get("peak_bf16_flops"), fp32_lm_head=fp32,
+                                          fused_head=fused) for fp32, fused in variants]
             del model
         except Exception as err:  # noqa: BLE001 - one shape's failure must not lose the others
             res["error"] = f"{type(err).__name__}: {err}"

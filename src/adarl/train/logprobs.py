@@ -2,9 +2,10 @@
 
 The lm head's output for B×T tokens over a 49k vocabulary dominates training memory
 (16×192 tokens → 0.6 GB per float32 copy, several copies for softmax and backward). Here
-only the positions that predict completion tokens are projected, `chunk` tokens at a time,
-and each chunk runs under activation checkpointing: its logits are freed after the forward
-and recomputed in the backward, so at most one chunk of logits exists at any moment.
+only the positions that predict completion tokens are projected, `chunk` tokens at a time, and
+a chunk's logits are freed after its forward and recomputed in the backward, so at most one chunk
+of logits exists at any moment: by a hand-written backward (`_FusedHead`, the gradient of log p_y
+is onehot(y) − p) where it applies, else by activation checkpointing of the autograd path.
 """
 
 from __future__ import annotations
@@ -13,6 +14,10 @@ from dataclasses import dataclass
 
 import torch
 from torch.utils.checkpoint import checkpoint
+
+#: completion_logprobs' head: the hand-written backward (`_FusedHead`) where it applies (no entropy
+#: gradient, no extra ids, no head bias); False: autograd under checkpointing, as bench/gpu_check.py compares
+FUSED_HEAD = True
 
 
 @dataclass
@@ -65,17 +70,79 @@ def micro_batches(order: list[int], lengths: list[int], max_tokens: int) -> list
     return out
 
 
+def _wide(logits: torch.Tensor) -> torch.Tensor:
+    """Logits in float32, or float64 for a float64 model (tests)."""
+    return logits if logits.dtype == torch.float64 else logits.float()
+
+
 def head_logits(lm_head: torch.nn.Module, hidden: torch.Tensor, fp32: bool = True) -> torch.Tensor:
-    """Float32 logits. Under bf16 autocast the head still multiplies in float32 when its weights are
-    float32 (mixed precision) and `fp32`: MiniMax-M1 traced most of the train/sampler probability mismatch
-    to the head's precision. Weights kept in bf16 (model.dtype), or `fp32=False`, give bf16 logits, cast up
-    (a float32 head costs a large share of the update at a 150k vocabulary: bench/gpu_check.py)."""
+    """Float32 logits (float64 for a float64 model). Under bf16 autocast the head still multiplies in
+    float32 when its weights are float32 (mixed precision) and `fp32`: MiniMax-M1 traced most of the
+    train/sampler probability mismatch to the head's precision. Weights kept in bf16 (model.dtype), or
+    `fp32=False`, give bf16 logits, cast up (a float32 head costs a large share of the update at a 150k
+    vocabulary: bench/gpu_check.py)."""
     if not fp32:
-        return lm_head(hidden).float()
+        return _wide(lm_head(hidden))
     with torch.autocast(hidden.device.type, enabled=False):
         if lm_head.weight.dtype == torch.float32:
             return lm_head(hidden.float())
-        return lm_head(hidden).float()
+        return _wide(lm_head(hidden))
+
+
+def _head_dtype(weight: torch.Tensor, device: torch.device, fp32: bool) -> torch.dtype:
+    """The dtype `head_logits` multiplies in: float32 for a float32 head kept in float32 (`fp32`), else the
+    autocast dtype when autocast is on, else the weights' own."""
+    if fp32 and weight.dtype == torch.float32:
+        return torch.float32
+    if torch.is_autocast_enabled(device.type):
+        return torch.get_autocast_dtype(device.type)
+    return weight.dtype
+
+
+def _scaled_logits(hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Float32 logits / temperature of `hidden` (n, H) under `weight` (V, H), both already in the head's
+    dtype; the division happens in place (no second vocabulary-sized tensor)."""
+    with torch.autocast(hidden.device.type, enabled=False):
+        logits = _wide(hidden @ weight.t())
+    return logits.div_(temperature) if temperature != 1.0 else logits
+
+
+class _FusedHead(torch.autograd.Function):
+    """Completion-token log-probs and (detached) entropies of one chunk, with a hand-written backward.
+
+    The autograd path (`_head` under `checkpoint`) keeps no logits either, but it pays ~25 passes over
+    the (n, V) float32 logits per chunk: the checkpointed forward runs twice, the entropy with it, and
+    log_softmax's backward builds a dense one-hot gradient. Here the forward keeps only the log-sum-exp
+    (n floats), and the backward recomputes the logits once and turns them in place into the gradient:
+    with z = logits / T and p = softmax(z), ∂ log p_y / ∂z = onehot(y) − p, so
+    ∂L/∂logits = g·(onehot(y) − p)/T for the upstream g = ∂L/∂ log p_y; then ∂L/∂h = (∂L/∂logits)·W and
+    ∂L/∂W = (∂L/∂logits)ᵀ·h, multiplied in the head's dtype as autocast would. `head_weight` is the
+    parameter (its gradient, in its dtype); `weight` its copy in the head's dtype, made once per call.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, head_weight, weight, targets, temperature):
+        h = hidden.to(weight.dtype)
+        logp_all = _scaled_logits(h, weight, temperature)
+        lse = torch.logsumexp(logp_all, -1)
+        logp_all.sub_(lse[:, None])
+        logp = logp_all.gather(-1, targets[:, None])[:, 0]
+        entropy = -torch.linalg.vecdot(logp_all.exp(), logp_all)
+        ctx.save_for_backward(h, weight, targets, lse)
+        ctx.temperature, ctx.dtypes = temperature, (hidden.dtype, head_weight.dtype)
+        ctx.mark_non_differentiable(entropy)
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logp, _grad_entropy):
+        h, weight, targets, lse = ctx.saved_tensors
+        grad = _scaled_logits(h, weight, ctx.temperature).sub_(lse[:, None]).exp_()  # p, in place
+        scale = grad_logp.to(grad.dtype) / ctx.temperature
+        grad.mul_(-scale[:, None]).scatter_add_(-1, targets[:, None], scale[:, None])
+        grad = grad.to(weight.dtype)
+        grad_hidden = (grad @ weight).to(ctx.dtypes[0]) if ctx.needs_input_grad[0] else None
+        grad_weight = (grad.t() @ h).to(ctx.dtypes[1]) if ctx.needs_input_grad[1] else None
+        return grad_hidden, grad_weight, None, None, None
 
 
 def _head(lm_head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float,
@@ -123,10 +190,15 @@ def completion_logprobs(
     flat_targets = packed.targets[packed.completion_mask]
     flat_extra = extra_ids.to(flat.device)[packed.completion_mask] if extra_ids is not None else None
     logps, entropies, extras = [], [], []
+    fused = FUSED_HEAD and not entropy_grad and extra_ids is None and getattr(lm_head, "bias", None) is None
+    if fused:  # the head's weights in the dtype it multiplies in, cast once for all chunks
+        weight = lm_head.weight.detach().to(_head_dtype(lm_head.weight, flat.device, fp32_head))
     for start in range(0, flat.shape[0], chunk):
         h, t = flat[start : start + chunk], flat_targets[start : start + chunk]
         e = flat_extra[start : start + chunk] if flat_extra is not None else None
-        if torch.is_grad_enabled():
+        if fused:
+            out = _FusedHead.apply(h, lm_head.weight, weight, t, temperature)
+        elif torch.is_grad_enabled():
             out = checkpoint(_head, lm_head, h, t, temperature, entropy_grad, e, fp32_head, use_reentrant=False)
         else:
             out = _head(lm_head, h, t, temperature, extra=e, fp32_head=fp32_head)
