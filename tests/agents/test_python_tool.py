@@ -118,7 +118,8 @@ def test_code_that_raises_is_a_tool_error_with_stdout_stderr_and_the_error():
     ("import os\nos.kill(os.getpid(), 9)", r"^the code was killed \(SIGKILL\)"),
 ])
 def test_limits_and_failures_of_the_code_are_errors(code, error):
-    result = run_python(code, timeout_s=1.0)
+    # 1 s only where the limit is the point: a sandboxed interpreter can take longer to start on a loaded machine
+    result = run_python(code, timeout_s=1.0 if "TimeoutError" in error else 30.0)
     assert result.error is not None and re.search(error, result.error), result
 
 
@@ -215,6 +216,44 @@ def test_the_tool_call_parser_reaches_the_same_tool():
     tools = [[(gen.tokenizer.decode(s.ids), s.status) for s in r.spans if s.role == "tool"] for r in out]
     assert tools[0] == [("1024", "ok")]  # a JSON "\n" is a new line of the code
     assert tools[1] == [("error: ExecutionError: code must be a string, not int", "error")]
+
+
+@pytest.mark.parametrize("parser", ["python", "tool_call"])
+def test_a_demonstration_is_written_in_the_form_its_parser_reads(parser):
+    from adarl.types import Problem
+
+    ag, gen, prompt = python_agent({}, parser=parser)
+    code = "print(6 * 7)"
+    demo = ag.demonstration(Problem("p", "What is 6 * 7?", answer="42", columns={"code": code}))
+    call_turn, tool_turn, answer = (s for s in demo.spans if s.role != "template")
+    written = gen.tokenizer.decode(call_turn.ids)
+    # what SFT teaches is what the loop runs: its own parser reads the demonstrated turn back as the gold call
+    assert [(c.name, c.arguments["code"].rstrip("\n")) for c in ag.parse(written)] == [("python", code)]
+    assert gen.tokenizer.decode(tool_turn.ids).endswith("42") and gen.tokenizer.decode(answer.ids).startswith("42")
+    if parser == "python":
+        assert written == "```python\nprint(6 * 7)\n```\n"  # ends with the stop string a sampled turn ends at
+
+
+def test_calls_written_by_a_parser_read_back_as_themselves():
+    from adarl.rollout.agent.parsers import ToolCall, parse_tool_call, write_python_block, write_tool_call
+
+    calls = [ToolCall("python", {"code": "a = 2\nprint(a ** 10)\n"}), ToolCall("python", {"code": "print(1)"})]
+    assert [c.arguments["code"] for c in parse_python_block(write_python_block(calls))] == [
+        "a = 2\nprint(a ** 10)\n", "print(1)\n"]
+    mixed = [ToolCall("calculate", {"expression": "1 + \"2\""}), ToolCall("python", {"code": "x\ny"})]
+    assert parse_tool_call(write_tool_call(mixed)) == mixed
+    for bad in (ToolCall("calculate", {"expression": "1"}), ToolCall("python", {"code": "print('```')"}),
+                ToolCall("python", {"code": 5})):
+        with pytest.raises(ValueError, match="parser python writes only"):
+            write_python_block([bad])
+
+
+def test_a_demonstration_a_parser_cannot_write_is_one_error_naming_the_problem():
+    from adarl.types import Problem
+
+    ag, _, _ = python_agent({}, parser="python")
+    with pytest.raises(EnvironmentFailure, match="problem 'p'.*rollout.agent.parser python"):
+        ag.demonstration(Problem("p", "What is 6 * 7?", answer="42", columns={"code": "s = '```'\nprint(42)"}))
 
 
 def test_a_sandbox_failure_in_the_loop_censors_the_rollout(monkeypatch):

@@ -4,7 +4,6 @@ package docstring, rollout/agent/__init__.py, describes it whole)."""
 from __future__ import annotations
 
 import copy
-import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, CancelledError, Future, wait
@@ -31,7 +30,7 @@ from adarl.rollout.agent.environments import (
     with_observation,
     with_tools,
 )
-from adarl.rollout.agent.parsers import CALL_MARKERS, PARSERS, MalformedCall, ToolCall
+from adarl.rollout.agent.parsers import CALL_MARKERS, PARSERS, WRITERS, MalformedCall, ToolCall
 from adarl.rollout.arpo import ArpoBranching, segment_entropy
 from adarl.rollout.base import Wrapper, capable
 from adarl.rollout.daemon_pool import CallTimeout, DaemonPool
@@ -110,6 +109,7 @@ class AgentGenerator(Wrapper):
         self._options = {k: v for k, v in locals().items() if k not in ("self", "generator", "env_factory", "problems")}
         self.generator, self.env_factory, self.problems = generator, env_factory, problems
         self.parse, stop = PARSERS[parser]
+        self.write = WRITERS[parser]
         self.max_turns, self.max_tool_calls, self.tool_timeout_s = max_turns, max_tool_calls, tool_timeout_s
         self.reset_timeout_s = reset_timeout_s
         self.max_tool_output_tokens, self.max_context_tokens = max_tool_output_tokens, max_context_tokens
@@ -224,8 +224,11 @@ class AgentGenerator(Wrapper):
                                      f"{self.tool_timeout_s:g} s (rollout.agent.tool_timeout_s)") from None
         if not calls or problem.answer is None:
             return None
-        written = "".join(f'<tool_call>{json.dumps({"name": c.name, "arguments": c.arguments})}</tool_call>'
-                          for c in calls)
+        try:  # in the parser's own form: what the loop reads back as these calls
+            written = self.write(calls)
+        except ValueError as err:
+            raise EnvironmentFailure(f"problem {problem.id!r}: its demonstration cannot be written for "
+                                     f"rollout.agent.parser {self._options['parser']}: {err}") from None
         ids = self._encode(written)
         t.spans.append(Span("model", ids, [0.0] * len(ids)))
         self._append_results(t, self._tool_turn(t, written))

@@ -91,10 +91,28 @@ def parse_python_block(text: str) -> list[ToolCall]:
     return [ToolCall("python", {"code": code}) for code in bodies]
 
 
+def write_tool_call(calls: list[ToolCall]) -> str:
+    """The text `parse_tool_call` reads back as `calls` (an SFT demonstration's turn)."""
+    return "".join(f'<tool_call>{json.dumps({"name": c.name, "arguments": c.arguments})}</tool_call>' for c in calls)
+
+
+def write_python_block(calls: list[ToolCall]) -> str:
+    """The text `parse_python_block` reads back as `calls`, each block closed by the turn's stop string."""
+    blocks = []
+    for call in calls:
+        code = call.arguments.get("code")
+        if call.name != "python" or set(call.arguments) != {"code"} or not isinstance(code, str) or "```" in code:
+            raise ValueError("parser python writes only calls of the python tool with one `code` string "
+                             f"holding no ``` (got {call.name!r} with {sorted(call.arguments)})")
+        blocks.append("```python\n" + code + ("" if code.endswith("\n") else "\n") + "```\n")
+    return "".join(blocks)
+
+
 # name -> (parse, the stop string that ends a turn holding a call)
 PARSERS: dict[str, tuple[Callable[[str], list[ToolCall]], str]] = {
     "tool_call": (parse_tool_call, "</tool_call>"),
     "python": (parse_python_block, "```\n"),
 }
 CALL_MARKERS = {"tool_call": "<tool_call>", "python": "```python\n"}  # where a parser's call begins
+WRITERS = {"tool_call": write_tool_call, "python": write_python_block}  # a demonstration's calls, as text
 
