@@ -87,7 +87,7 @@ def run_condition(name: str, seed: int, args: argparse.Namespace) -> dict:
         out.write_text(json.dumps(result))
         return result
     base = load_recipe(args.recipe, [f"seed={sft_seed}", f"model.threads={args.threads}", "log.progress=false",
-                                     "log.tensorboard=false", "checkpoint.every=0"])  # seeds the SFT only
+                                     "log.tensorboard=false", "checkpoint.every=0", *args.set])  # seeds the SFT only
     t0 = time.perf_counter()
     if name == "base_tools":
         result = {"pass@1": held_out(base, None, args.eval_size, args.threads, args.task_name)}
@@ -98,7 +98,7 @@ def run_condition(name: str, seed: int, args: argparse.Namespace) -> dict:
     else:  # RL at a sampled-token budget: from the SFT model with tools, or from the base model without
         overrides = [f"budget.max_tokens={args.budget_tokens}", "budget.max_steps=null", "eval.every=0",
                      f"eval.size={args.eval_size}", f"seed={seed}", f"model.threads={args.threads}",
-                     "log.progress=false", "log.tensorboard=false", "checkpoint.every=0", *args.rl_set]
+                     "log.progress=false", "log.tensorboard=false", "checkpoint.every=0", *args.set, *args.rl_set]
         if name == "sft_rl":
             if not (sft_dir / "final").exists():
                 run_sft(base, sft_dir, "nll", steps=args.sft_steps)
@@ -124,7 +124,7 @@ def throughput(args: argparse.Namespace, rows: int = 32) -> dict:
     The model is the seed-0 SFT model when it exists (it calls the calculator, so the loop really
     runs tool turns), else the recipe's base model."""
     sft = Path(args.runs) / "seed0" / "sft" / "final"
-    overrides = [f"model.threads={args.threads}"] + ([f"model.path={sft}"] if sft.exists() else [])
+    overrides = [f"model.threads={args.threads}", *args.set] + ([f"model.path={sft}"] if sft.exists() else [])
     recipe = load_recipe(args.recipe, overrides)
     model, tok = load_model(recipe.model, for_training=False)
     problems = build_task(recipe.task, 0).train[: rows // 4]
@@ -194,6 +194,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--sft-seed", type=int, default=None,
                         help="train one SFT cold start, with this seed, and start every seed's RL from it "
                              "(default: one per seed)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a recipe override for every condition (repeat it), e.g. rollout.agent.max_turns=2")
     parser.add_argument("--rl-set", action="append", default=[], metavar="KEY=VALUE",
                         help="a recipe override for the RL runs only (repeat it), e.g. budget.prompts_per_step=4")
     parser.add_argument("--throughput", action="store_true", help="also time the loop against plain generation")
