@@ -412,3 +412,35 @@ def test_cleaner_drops_a_failed_step_that_the_next_one_corrects():
     ag2, _, _ = agent({0: [bad, good, last]}, max_turns=4)
     (plain,) = run(ag2, prompt)
     assert len(plain.spans) == len(r.spans) + 4  # without purify: the failed call and its tool turn stay
+
+
+def test_the_trainers_evaluation_of_an_agent_is_adarl_evals(tiny_model_dir, tmp_path, monkeypatch):
+    """An agent's trajectory may run to rollout.agent.max_context_tokens in training and in `adarl eval`;
+    the trainer's own held-out evaluation once capped it at rollout.max_new_tokens (one turn's worth), so
+    a run's eval/pass@1 and `adarl eval` of its final model disagreed (0.51 against 0.43 on 100 held-out
+    compute problems, bench/agent.py)."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from adarl.cli import app
+    from adarl.config import load_recipe
+    from adarl.train.trainer import Trainer
+    from test_train import recipe_data, write_task
+
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parents[1]))
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parents[1] / "e2e"))
+    data = recipe_data(tiny_model_dir, write_task(tmp_path), budget={"max_steps": 1, "prompts_per_step": 2},
+                       rollout={"temperature": 1.0, "max_new_tokens": 4, "backend": "hf",
+                                "agent": {"max_turns": 2, "max_context_tokens": 24}},
+                       allocate={"name": "fixed", "n": 2}, eval={"every": 0, "at_start": False, "size": 3},
+                       log={"tensorboard": False, "progress": False})
+    run = tmp_path / "run"
+    last = Trainer(load_recipe(data=data), run).run()
+    result = CliRunner().invoke(app, ["eval", str(run), "--n", "0", "--size", "3", "--threads", "1"])
+    assert result.exit_code == 0, result.output
+    (task,) = json.loads((run / "eval.json").read_text())["tasks"].values()
+    # the random tiny model rambles to the cap: the trajectory's (24), not one turn's (4)
+    assert last["eval/length"] > 4
+    assert last["eval/length"] == pytest.approx(task["greedy_mean_length"])
+    assert last["eval/pass@1"] == pytest.approx(task["greedy_pass@1"])

@@ -68,8 +68,10 @@ def evaluate(t: Any) -> dict[str, float]:
     if not problems:
         return {}
     t0 = time.perf_counter()
+    # eval.max_new_tokens, else the generator's own cap, as in training and `adarl eval` (an agent's is its
+    # whole trajectory's, rollout.agent.max_context_tokens; one turn's rollout.max_new_tokens would cut it short)
     results = score_problems(t.generator, t.rewards, problems, {p.id: t.prompt_ids(p) for p in problems},
-                             n=cfg.samples, max_new_tokens=cfg.max_new_tokens or t.recipe.rollout.max_new_tokens,
+                             n=cfg.samples, max_new_tokens=cfg.max_new_tokens,
                              label="eval", progress=t.recipe.log.progress and sys.stderr.isatty(), keep_stream=True)
     out = {"eval/pass@1": float(np.mean([r.greedy for r in results])),
            "eval/length": float(np.mean([r.greedy_length for r in results])),
