@@ -333,22 +333,23 @@ def update_speed(model, device: torch.device, rows: int, prompt_len: int, comple
     from adarl.train import logprobs
     from adarl.train.learner import Learner
 
-    logprobs.FUSED_HEAD = fused_head
-
     cfg = TrainConfig(lr=1e-6, micro_batch_tokens=16 * (prompt_len + completion_len), mixed_precision="bf16",
                       fp32_lm_head=fp32_lm_head)
     learner = Learner(model, registry.build("loss", {"name": "ppo_clip"}), cfg, temperature=1.0, pad_id=2,
                       max_len=completion_len, rng=np.random.default_rng(0))
-    learner.update(batch)  # warm-up: kernels, the optimizer's moments
-    reset_peak(device)
-    times = []
-    for _ in range(2):
-        sync(device)
-        t0 = time.perf_counter()
-        learner.update(batch)
-        sync(device)
-        times.append(time.perf_counter() - t0)
-    logprobs.FUSED_HEAD = True
+    logprobs.FUSED_HEAD = fused_head
+    try:  # the switch is process-wide: restored even when an update fails (the next shape runs on)
+        learner.update(batch)  # warm-up: kernels, the optimizer's moments
+        reset_peak(device)
+        times = []
+        for _ in range(2):
+            sync(device)
+            t0 = time.perf_counter()
+            learner.update(batch)
+            sync(device)
+            times.append(time.perf_counter() - t0)
+    finally:
+        logprobs.FUSED_HEAD = True
     seconds = min(times)
     tokens = rows * (prompt_len + completion_len)
     h, layers, seq = shape["hidden_size"], shape["num_hidden_layers"], prompt_len + completion_len

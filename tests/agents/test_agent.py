@@ -429,7 +429,6 @@ def test_the_trainers_evaluation_of_an_agent_is_adarl_evals(tiny_model_dir, tmp_
     from test_train import recipe_data, write_task
 
     monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parents[1]))
-    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parents[1] / "e2e"))
     data = recipe_data(tiny_model_dir, write_task(tmp_path), budget={"max_steps": 1, "prompts_per_step": 2},
                        rollout={"temperature": 1.0, "max_new_tokens": 4, "backend": "hf",
                                 "agent": {"max_turns": 2, "max_context_tokens": 24}},
