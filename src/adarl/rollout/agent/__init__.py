@@ -87,16 +87,16 @@ from adarl.rollout.agent.environments import (
 )
 from adarl.rollout.agent.loop import CENSORED_BY, CHARS_PER_TOKEN, TRUNCATED, AgentGenerator, turns_of
 from adarl.rollout.agent.parsers import (
-    CALL_MARKERS,
     MAX_ARGUMENT_DEPTH,
     PARSERS,
     MalformedCall,
+    Parser,
     ToolCall,
     parse_python_block,
     parse_tool_call,
 )
 
-__all__ = ["CALL_MARKERS", "CENSORED_BY", "CHARS_PER_TOKEN", "MAX_ARGUMENT_DEPTH", "PARSERS", "ROLLBACK_RETRIES",
+__all__ = ["CENSORED_BY", "CHARS_PER_TOKEN", "MAX_ARGUMENT_DEPTH", "PARSERS", "Parser", "ROLLBACK_RETRIES",
            "ROLLBACK_SIMILARITY", "STYLES", "TRUNCATED", "AgentGenerator", "EnvironmentFailure", "MalformedCall",
            "ToolCall", "call_start", "close_env", "environment_style", "observation_text", "parse_python_block",
            "parse_tool_call", "purify", "saar", "tool_schemas", "tools_of", "tools_prompt", "turns_of",

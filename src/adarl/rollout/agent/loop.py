@@ -30,7 +30,7 @@ from adarl.rollout.agent.environments import (
     with_observation,
     with_tools,
 )
-from adarl.rollout.agent.parsers import CALL_MARKERS, PARSERS, WRITERS, MalformedCall, ToolCall
+from adarl.rollout.agent.parsers import PARSERS, MalformedCall, ToolCall
 from adarl.rollout.arpo import ArpoBranching, segment_entropy
 from adarl.rollout.base import Wrapper, capable
 from adarl.rollout.daemon_pool import CallTimeout, DaemonPool
@@ -108,15 +108,15 @@ class AgentGenerator(Wrapper):
             raise ValueError(f"unknown tool-call parser {parser!r}; parsers: {', '.join(PARSERS)}")
         self._options = {k: v for k, v in locals().items() if k not in ("self", "generator", "env_factory", "problems")}
         self.generator, self.env_factory, self.problems = generator, env_factory, problems
-        self.parse, stop = PARSERS[parser]
-        self.write = WRITERS[parser]
+        form = PARSERS[parser]
+        self.parse, self.write, stop = form.parse, form.write, form.stop
         self.max_turns, self.max_tool_calls, self.tool_timeout_s = max_turns, max_tool_calls, tool_timeout_s
         self.reset_timeout_s = reset_timeout_s
         self.max_tool_output_tokens, self.max_context_tokens = max_tool_output_tokens, max_context_tokens
         self.tools_prompt, self.branching, self.purify = tools_prompt, branching, purify
         self.purify_when, self.purify_retries = purify_when, purify_retries
         decode = lambda ids: generator.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
-        self._splice = lambda failed, retry: saar(failed, retry, decode, CALL_MARKERS[parser],  # noqa: E731
+        self._splice = lambda failed, retry: saar(failed, retry, decode, form.marker,  # noqa: E731
                                                   purify_similarity)
         self.pool = DaemonPool(tool_workers, "adarl-tools")  # a hung tool neither holds a worker nor blocks exit
         self.resets = DaemonPool(self.RESET_WORKERS, "adarl-resets")

@@ -108,11 +108,17 @@ def write_python_block(calls: list[ToolCall]) -> str:
     return "".join(blocks)
 
 
-# name -> (parse, the stop string that ends a turn holding a call)
-PARSERS: dict[str, tuple[Callable[[str], list[ToolCall]], str]] = {
-    "tool_call": (parse_tool_call, "</tool_call>"),
-    "python": (parse_python_block, "```\n"),
-}
-CALL_MARKERS = {"tool_call": "<tool_call>", "python": "```python\n"}  # where a parser's call begins
-WRITERS = {"tool_call": write_tool_call, "python": write_python_block}  # a demonstration's calls, as text
+@dataclass(frozen=True)
+class Parser:
+    """One tool-call format: how a turn's calls are read and written, and where they start and stop."""
 
+    parse: Callable[[str], list[ToolCall]]
+    write: Callable[[list[ToolCall]], str]  # a demonstration's calls as the text `parse` reads back
+    stop: str  # the stop string that ends a turn holding a call
+    marker: str  # where a call begins (SAAR splices a retry from it)
+
+
+PARSERS = {
+    "tool_call": Parser(parse_tool_call, write_tool_call, stop="</tool_call>", marker="<tool_call>"),
+    "python": Parser(parse_python_block, write_python_block, stop="```\n", marker="```python\n"),
+}
