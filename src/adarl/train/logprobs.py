@@ -81,17 +81,15 @@ def head_logits(lm_head: torch.nn.Module, hidden: torch.Tensor, fp32: bool = Tru
     train/sampler probability mismatch to the head's precision. Weights kept in bf16 (model.dtype), or
     `fp32=False`, give bf16 logits, cast up (a float32 head costs a large share of the update at a 150k
     vocabulary: bench/gpu_check.py)."""
-    if not fp32:
-        return _wide(lm_head(hidden))
-    with torch.autocast(hidden.device.type, enabled=False):
-        if lm_head.weight.dtype == torch.float32:
+    if _head_dtype(lm_head.weight, hidden.device, fp32) == torch.float32:
+        with torch.autocast(hidden.device.type, enabled=False):
             return lm_head(hidden.float())
-        return _wide(lm_head(hidden))
+    return _wide(lm_head(hidden))  # in the autocast dtype, else the weights' own
 
 
 def _head_dtype(weight: torch.Tensor, device: torch.device, fp32: bool) -> torch.dtype:
-    """The dtype `head_logits` multiplies in: float32 for a float32 head kept in float32 (`fp32`), else the
-    autocast dtype when autocast is on, else the weights' own."""
+    """The dtype the head multiplies in (`head_logits` and the fused head): float32 for a float32 head kept
+    in float32 (`fp32`), else the autocast dtype when autocast is on, else the weights' own."""
     if fp32 and weight.dtype == torch.float32:
         return torch.float32
     if torch.is_autocast_enabled(device.type):
