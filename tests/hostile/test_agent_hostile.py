@@ -635,12 +635,40 @@ def test_the_pool_fails_a_call_at_its_deadline_and_counts_it():
     assert bounded(lambda: queued.result(), 1.5) == 3.0 and pool.timeouts == 1
 
 
-def test_the_pool_fails_a_queued_call_at_its_deadline():
+def test_a_queued_calls_deadline_starts_when_it_runs():
+    # was: the deadline ran from `submit`, so a quick call queued behind a slow one failed unrun
     pool = DaemonPool(1, "test")
-    pool.submit(HANG.wait, timeout_s=30.0)  # holds the only slot
-    queued = pool.submit(math.sqrt, 4.0, timeout_s=0.2)
-    with pytest.raises(CallTimeout):
-        bounded(lambda: queued.result(), 1.5)
+    slow = pool.submit(time.sleep, 0.4, timeout_s=2.0)  # holds the only slot for 0.4 s
+    queued = pool.submit(math.sqrt, 4.0, timeout_s=0.2)  # queued past 0.2 s, runs in microseconds
+    assert bounded(lambda: queued.result(), 1.5) == 2.0 and slow.result() is None and pool.timeouts == 0
+
+
+def test_hung_calls_in_line_end_within_a_deadline_per_round():
+    """3 hung calls on 2 workers: two rounds of deadlines (0.4 s), never longer, every one counted."""
+    pool = DaemonPool(2, "test")
+    futures = [pool.submit(HANG.wait, timeout_s=0.2) for _ in range(3)]
+    start = time.monotonic()
+    for f in futures:
+        with pytest.raises(CallTimeout):
+            bounded(lambda f=f: f.result(), 1.5)
+    assert 0.35 <= time.monotonic() - start < 1.5 and pool.timeouts == 3
+
+
+def test_a_burst_of_quick_tool_calls_on_few_workers_censors_nothing():
+    """16 trajectories call a 0.05 s tool in the same turn, on one worker with a 0.3 s deadline: 0.8 s of tool
+    time in line, and every call is quick, so none is censored (was: the 7th and later timed out queued, as a
+    hundred held-out trajectories did on a loaded machine, and an evaluation scored them wrong)."""
+    class Slowish(Calculator):
+        def calculate(self, expression: str) -> str:
+            """Takes 0.05 s."""
+            time.sleep(0.05)
+            return "2"
+
+    ag, _, prompt = agent({k: [CALC, "It is 2."] for k in range(16)}, env=Slowish, tool_timeout_s=0.3,
+                          tool_workers=1)
+    out = bounded(lambda: run(ag, prompt, n=16), 5.0)
+    assert [r.finish_reason for r in out] == ["stop"] * 16
+    assert [r.spans[2].status for r in out] == ["ok"] * 16 and ag.pool.timeouts == 0
 
 
 @pytest.mark.parametrize("exc", [ValueError("v"), SystemExit(2), KeyboardInterrupt(), GeneratorExit()], ids=repr)

@@ -7,10 +7,13 @@ close) in which every call has a deadline that a hang cannot outlive.
 
 `concurrent.futures.ThreadPoolExecutor` joins its threads when the interpreter exits, so one tool that
 never returns keeps the process alive for good, and holds its worker meanwhile. Here a call runs on a
-daemon thread of its own, at most `workers` at a time; at its deadline (counted from `submit`: time
-spent queued counts) its future fails with `CallTimeout`, whether it was running or still queued. A
-running call is then abandoned: its thread finishes or hangs alone, never blocking exit, and its
-slot goes to the next call. `timeouts` counts the calls that failed so.
+daemon thread of its own, at most `workers` at a time; at its deadline, `timeout_s` after it started
+running, its future fails with `CallTimeout`. The call is then abandoned: its thread finishes or hangs
+alone, never blocking exit, and its slot goes to the next call. `timeouts` counts the calls that failed
+so. Time spent queued does not count: a burst of quick calls (a hundred held-out trajectories calling
+their tools in the same turn) must not fail because the pool is small, only because a call is slow.
+Every call still ends in bounded time, since each slot is freed within `timeout_s`: n calls on w
+workers are all done within ceil(n / w) deadlines.
 
 Abandoned threads are capped: while `max_abandoned` of them are still running (hung user code holds
 a thread, its stack and whatever it allocated), `submit` fails every new call at once with
@@ -23,7 +26,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import Future
 from typing import Any
 
 
@@ -45,13 +48,13 @@ class DaemonPool:
         self.abandoned = 0  # threads of calls failed at their deadline that are still running now
         self.refused = 0  # calls refused because `max_abandoned` threads were still hung
         self._cond = threading.Condition()
-        self._queued: list[tuple[Future, Callable[..., Any], tuple[Any, ...], float]] = []
+        self._queued: list[tuple[Future, Callable[..., Any], tuple[Any, ...], float]] = []  # ..., timeout_s
         self._running: dict[Future, float] = {}  # a running call's future -> its deadline (time.monotonic())
         self._watcher: threading.Thread | None = None
         self._closed = False
 
     def submit(self, fn: Callable[..., Any], *args: Any, timeout_s: float) -> Future:
-        """Run `fn(*args)` on a daemon thread; its future is done `timeout_s` from now at the latest."""
+        """Run `fn(*args)` on a daemon thread; its future is done `timeout_s` after the call starts at the latest."""
         future: Future = Future()
         with self._cond:
             if self._closed:
@@ -62,7 +65,7 @@ class DaemonPool:
                     f"{self.name}: {self.abandoned} earlier calls are still hung past their deadlines "
                     f"(at most {self.max_abandoned}); refused without running"))
                 return future
-            self._queued.append((future, fn, args, time.monotonic() + timeout_s))
+            self._queued.append((future, fn, args, timeout_s))
             self._dispatch()
         return future
 
@@ -78,10 +81,10 @@ class DaemonPool:
     def _dispatch(self) -> None:
         """Start queued calls while slots are free, and wake the watcher (called holding the lock)."""
         while self._queued and len(self._running) < self.workers:
-            future, fn, args, deadline = self._queued.pop(0)
+            future, fn, args, timeout_s = self._queued.pop(0)
             if not future.set_running_or_notify_cancel():
                 continue
-            self._running[future] = deadline
+            self._running[future] = time.monotonic() + timeout_s
             threading.Thread(target=self._call, args=(future, fn, args), name=self.name, daemon=True).start()
         if self._watcher is None and (self._queued or self._running):
             self._watcher = threading.Thread(target=self._watch, name=f"{self.name}-deadlines", daemon=True)
@@ -104,24 +107,18 @@ class DaemonPool:
             future.set_exception(error)
 
     def _watch(self) -> None:
-        """Fail the calls past their deadline (queued or running) and free their slots; ends when idle."""
+        """Fail the running calls past their deadline and free their slots; ends when idle."""
         with self._cond:
             while self._queued or self._running:
                 now = time.monotonic()
                 late = [f for f, d in self._running.items() if d <= now]
-                self.abandoned += len(late)  # running: their threads go on alone
-                late += [f for f, _, _, d in self._queued if d <= now]
                 if late:
-                    self._queued = [q for q in self._queued if q[3] > now]
+                    self.abandoned += len(late)  # their threads go on alone
+                    self.timeouts += len(late)
                     for future in late:
-                        self._running.pop(future, None)
-                        try:
-                            future.set_exception(CallTimeout(f"{self.name}: no answer before the deadline"))
-                        except InvalidStateError:  # a queued call cancelled meanwhile
-                            continue
-                        self.timeouts += 1
+                        del self._running[future]
+                        future.set_exception(CallTimeout(f"{self.name}: no answer before the deadline"))
                     self._dispatch()
                     continue
-                soonest = min([*self._running.values(), *(q[3] for q in self._queued)])
-                self._cond.wait(soonest - now)
+                self._cond.wait(min(self._running.values()) - now if self._running else None)
             self._watcher = None

@@ -36,8 +36,9 @@ counted by cause in `agent/censored/<why>`: "error" (construction, `reset`, `ste
 raising anything, a tool raising `EnvironmentFailure` or an error that cannot be shown), "timeout"
 (construction and `reset` past `reset_timeout_s`, a tool call, `step` or `get_reward` past
 `tool_timeout_s`) and "non_finite_reward" (a NaN or infinite reward). Every call into the environment
-runs in a pool of daemon threads (rollout/daemon_pool.py) that fails it at its deadline, so a hang
-neither blocks `generate` nor keeps the process from exiting. Limits: `max_turns` model turns,
+runs in a pool of daemon threads (rollout/daemon_pool.py) that fails it at its deadline (counted from
+when the call starts running, not from when it was queued), so a hang neither blocks `generate` nor
+keeps the process from exiting. Limits: `max_turns` model turns,
 `max_tool_calls`, tool output truncated to `max_tool_output_tokens` with a visible marker (cut to
 CHARS_PER_TOKEN characters a token before it is tokenised), and `max_context_tokens` tokens after
 the prompt (sampled and inserted).
