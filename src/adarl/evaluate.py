@@ -226,6 +226,7 @@ def summarize(results: list[ProblemResult], ks: list[int], n: int) -> dict[str, 
     if greedy:
         out["greedy_pass@1"] = float(np.mean(greedy))
         out["greedy_mean_length"] = float(np.mean([r.greedy_length for r in results if r.greedy_length is not None]))
+        out["greedy_censored"] = sum(r.greedy_censored for r in results)  # an environment failure, scored wrong
     if n > 0:
         ns = np.array([r.n for r in results])
         cs = np.array([r.c for r in results])
@@ -235,6 +236,7 @@ def summarize(results: list[ProblemResult], ks: list[int], n: int) -> dict[str, 
         out["mean_accuracy"] = float((cs / ns).mean())
         out["mean_length"] = float(np.mean([r.length for r in results]))
         out["truncated_fraction"] = float(sum(r.truncated for r in results) / ns.sum())
+        out["censored_fraction"] = float(sum(r.censored for r in results) / ns.sum())
     return out
 
 
@@ -272,7 +274,8 @@ def evaluate_task(generator, tokenizer, task: EvalTask, *, ks: list[int], n: int
     out = {"source": task.source, "seed": task.seed, **summarize(results, ks, n)}
     out["per_problem"] = [
         {"id": r.id, "c": r.c, "n": r.n, "greedy": r.greedy, "length": round(r.length, 2),
-         "greedy_length": r.greedy_length}
+         "greedy_length": r.greedy_length, **({"greedy_censored": 1} if r.greedy_censored else {}),
+         **({"censored": r.censored} if r.censored else {})}
         for r in results
     ]
     return out, results

@@ -443,3 +443,4 @@ def test_the_trainers_evaluation_of_an_agent_is_adarl_evals(tiny_model_dir, tmp_
     assert last["eval/length"] > 4
     assert last["eval/length"] == pytest.approx(task["greedy_mean_length"])
     assert last["eval/pass@1"] == pytest.approx(task["greedy_pass@1"])
+    assert last["eval/censored"] == task["greedy_censored"] / 3 == 0.0  # both count what the environment failed

@@ -766,3 +766,26 @@ def AgentGeneratorFor(gen, env, problems, **kw):
     from adarl.rollout.agent import AgentGenerator
 
     return AgentGenerator(gen, env, problems, max_turns=4, reset_timeout_s=DEADLINE_S, **kw)
+
+
+@pytest.mark.parametrize("hangs", [True, False])
+def test_an_evaluation_counts_what_the_environment_censored(hangs):
+    """A held-out trajectory whose tool hangs is censored; the evaluation scores it wrong and says so in its
+    summary and per problem (was: a wrong answer like any other, so a loaded machine's timeouts looked like a
+    weaker model)."""
+    from adarl import evaluate as ev
+    from adarl.metrics.passk import score_problems
+
+    class Judge:  # correct when the answer names 2
+        def score(self, groups, censor):
+            for g in groups:
+                g.correct = np.array([float("2" in r.text) for r in g.rollouts])
+
+    censored = int(hangs)
+    ag, _, prompt = agent({0: [CALC, "It is 2."]}, env=hanging("tool") if hangs else Calculator,
+                          tool_timeout_s=DEADLINE_S)
+    (result,) = bounded(lambda: score_problems(ag, Judge(), [ag.problems["p"]], {"p": prompt}, n=0, progress=False),
+                        DEADLINE_S + 3.0)
+    assert (result.greedy_censored, result.greedy) == (censored, 1 - censored)
+    summary = ev.summarize([result], [], 0)
+    assert summary["greedy_censored"] == censored and summary["greedy_pass@1"] == 1 - censored

@@ -75,6 +75,9 @@ class ProblemResult:
     length: float  # mean sampled completion length (tokens)
     greedy_length: float | None
     truncated: int  # sampled completions cut at max_new_tokens
+    # censored by an agent's environment (a tool past its deadline, a reset that failed): scored wrong here
+    greedy_censored: int = 0
+    censored: int = 0  # of the sampled ones
 
 
 def score_problems(generator: Any, rewards: Any, problems: list, prompt_ids: dict[str, list[int]], *, n: int,
@@ -113,5 +116,7 @@ def _score(generator: Any, rewards: Any, problems: list, prompt_ids: dict[str, l
             length=float(np.mean([len(r) for r in s.rollouts])) if s is not None else 0.0,
             greedy_length=float(len(g.rollouts[0])),
             truncated=sum(r.finish_reason == "length" for r in s.rollouts) if s is not None else 0,
+            greedy_censored=int(g.rollouts[0].finish_reason == "censored"),
+            censored=sum(r.finish_reason == "censored" for r in s.rollouts) if s is not None else 0,
         ))
     return results

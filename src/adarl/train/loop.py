@@ -76,6 +76,8 @@ def evaluate(t: Any) -> dict[str, float]:
     out = {"eval/pass@1": float(np.mean([r.greedy for r in results])),
            "eval/length": float(np.mean([r.greedy_length for r in results])),
            **pass1_by_share(problems, [r.greedy for r in results])}  # a mixed task's shares
+    if t.agent is not None:  # trajectories the environment failed (scored wrong here), as `adarl eval` reports
+        out["eval/censored"] = float(np.mean([r.greedy_censored for r in results]))
     if cfg.samples:
         out[f"eval/mean@{cfg.samples}"] = float(np.mean([r.c / r.n for r in results]))
         out[f"eval/pass@{cfg.samples}"] = float(np.mean([r.c > 0 for r in results]))
