@@ -262,11 +262,11 @@ def eval_(
         _fail(str(err))
     Console().print(ev.table(result.data))
     for name, summary in result.data["tasks"].items():
-        if summary.get("greedy_censored") or summary.get("censored_fraction"):
-            typer.echo(f"warning: {name}: {summary.get('greedy_censored', 0)} greedy and "
-                       f"{summary.get('censored_fraction', 0.0):.1%} of the sampled trajectories were censored (the "
-                       "environment failed or a call ran past rollout.agent.tool_timeout_s) and are scored wrong",
-                       err=True)
+        greedy, sampled = summary.get("greedy_censored", 0), summary.get("censored_fraction", 0.0)
+        if greedy or sampled:
+            what = " and ".join([f"{greedy} greedy"] * bool(greedy) + [f"{sampled:.1%} of the sampled"] * bool(sampled))
+            typer.echo(f"warning: {name}: {what} trajectories were censored (the environment failed, or a call "
+                       "ran past rollout.agent.tool_timeout_s) and are scored wrong", err=True)
     path = out or ev.default_out(target)
     if path is not None:
         ev.write_json(result.data, path)
