@@ -119,14 +119,19 @@ def tokens_ratio_table(pool: str, curves: dict[str, list], done: dict[str, list[
     return rows
 
 
-def share_of(pool: str, args: argparse.Namespace) -> dict[str, str]:
-    """Prompt id -> share of the cut pool's training problems (the same for every seed: `task.data_seed`)."""
+def training_pool(pool: str, args: argparse.Namespace) -> list:
+    """The cut pool's training problems, as every run builds them (the same for every seed: `task.data_seed`).
+    A share may hold fewer than `--pool-size` (1-digit additions have 100 distinct problems, some held out)."""
     from adarl.config import load_recipe
     from adarl.tasks import build_task
 
     cut, _, _ = pool_overrides(POOLS[pool], args.pool_size, args.eval_per_share)
-    task = build_task(load_recipe(ROOT / "recipes" / f"{POOLS[pool].recipe}.yaml", cut).task)
-    return {p.id: p.columns["share"] for p in task.train}
+    return build_task(load_recipe(ROOT / "recipes" / f"{POOLS[pool].recipe}.yaml", cut).task).train
+
+
+def share_of(pool: str, args: argparse.Namespace) -> dict[str, str]:
+    """Prompt id -> share of the cut pool's training problems."""
+    return {p.id: p.columns["share"] for p in training_pool(pool, args)}
 
 
 def share_table(pool: str, groups: dict[str, list[list[dict]]], share: dict[str, str], labels: list[str]) -> list[dict]:
@@ -218,7 +223,7 @@ def main(argv: list[str] | None = None) -> dict:
         if not done:
             continue
         curves = {m: [curve(results[m, s]) for s in ss] for m, ss in done.items()}
-        _, pool_problems, _ = pool_overrides(POOLS[pool], args.pool_size, args.eval_per_share)
+        pool_problems = len(training_pool(pool, args))  # what the runs trained on, not what was asked for
         labels = [share["share"] for share in shares(POOLS[pool])]
         report["pools"][pool] = {
             "key": run_key(pool, args),
