@@ -144,3 +144,15 @@ def test_campaign_smoke_runs_each_method_and_tabulates_the_mechanism(tiny_model_
     assert again.returncode == 0 and "seed 0" not in again.stdout.split("###")[0], again.stdout + again.stderr
     assert json.loads(out.read_text())["pools"]["mixed"]["mechanism"] == mixed["mechanism"]
     assert "| feature_prior | 2 | " in again.stdout and "final pass@1 easy | final pass@1 middle" in again.stdout
+
+
+def test_attention_bench_smoke_times_both_paths_and_they_agree(tmp_path):
+    """bench/attention.py --smoke: one decode step of a 2-layer grouped-query model both ways; the logits agree."""
+    out = tmp_path / "attention.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "attention.py"), "--smoke", "--threads", "1",
+                           "--out", str(out)], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (result,) = json.loads(out.read_text())["results"]
+    assert result["rows"] == 2 and result["sdpa_s"] > 0 and result["grouped_s"] > 0
+    assert result["max_abs_logit_diff"] < 1e-4

@@ -66,6 +66,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from adarl.capabilities import CAPABILITIES
 from adarl.config import RolloutConfig
 from adarl.rollout.base import Progress, StopWhen, Weights
+from adarl.rollout.decode_attention import decoding
 from adarl.rollout.sampling import MASK64, SampleStream, row_keys, splitmix64, uniforms  # noqa: F401 (for callers)
 from adarl.rollout.weights import load_named
 from adarl.tokens.entropy import EntropyStats
@@ -146,8 +147,9 @@ class StaticStep:
                 self.out = self._forward()
 
     def _forward(self) -> torch.Tensor:
-        return self.model(input_ids=self.ids, attention_mask=self.mask, position_ids=self.pos,
-                          past_key_values=self.cache, use_cache=True).logits[:, -1]
+        with decoding(self.model):
+            return self.model(input_ids=self.ids, attention_mask=self.mask, position_ids=self.pos,
+                              past_key_values=self.cache, use_cache=True).logits[:, -1]
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         self.ids.copy_(tokens[:, None])
@@ -619,10 +621,11 @@ class HfGenerator:
                 keys, offsets = keys[keep], offsets[keep]
                 active = [active[j] for j in keep]
             attn = torch.cat([attn, attn.new_ones((len(active), 1))], dim=-1)
-            out = self.model(
-                input_ids=tokens[:, None], attention_mask=attn, position_ids=next_pos[:, None],
-                past_key_values=cache, use_cache=True,
-            )
+            with decoding(self.model):  # grouped-query heads attend without a copy of the cache per head
+                out = self.model(
+                    input_ids=tokens[:, None], attention_mask=attn, position_ids=next_pos[:, None],
+                    past_key_values=cache, use_cache=True,
+                )
             cache, logits = out.past_key_values, out.logits[:, -1].float()
             next_pos = next_pos + 1
         return False
