@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from adarl.config import load_recipe
-from adarl.train.trainer import Trainer
 
 
 def worked_chain_sum(terms: int, max_new_tokens: int) -> list[str]:
@@ -68,6 +70,19 @@ def claim(run_dir: Path) -> bool:
     return True
 
 
+def train_in_process(recipe: str, overrides: list[str], run_dir: Path) -> None:
+    """`adarl train` of one run in a process of its own, from a clean run directory (what a killed attempt left
+    is cleared: the run restarts). In one long process the runs' memory piled up (a campaign process held 11 GB
+    at its fifth run against 5.6 GB at its first, and the kernel killed it); a process of its own gives it back."""
+    for leftover in run_dir.iterdir():
+        if leftover.name != ".claim":
+            shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
+    command = [sys.executable, "-m", "adarl.cli", "train", recipe, *overrides, "--run-dir", str(run_dir)]
+    done = subprocess.run(command, check=False)
+    if done.returncode:
+        raise RuntimeError(f"{run_dir}: adarl train exited with {done.returncode}: {shlex.join(command)}")
+
+
 def train_run(recipe: str, overrides: list[str], run_dir: Path, label: str, report_only: bool = False,
               results: Path | None = None, start: Callable[[], list[str]] | None = None) -> list[dict] | None:
     """The run's metrics rows, training it first unless done. None if it is not done and another
@@ -85,7 +100,7 @@ def train_run(recipe: str, overrides: list[str], run_dir: Path, label: str, repo
             return None
         print(f"[{os.getpid()}] {label}", flush=True)
         try:
-            Trainer(load_recipe(recipe, overrides + (start() if start else [])), run_dir).run()
+            train_in_process(recipe, overrides + (start() if start else []), run_dir)
         finally:
             (run_dir / ".claim").unlink(missing_ok=True)
     text = (run_dir / "metrics.jsonl").read_text()

@@ -43,6 +43,10 @@ def check_run(recipe: Recipe, run_dir: Path, resume: bool) -> None:
     if not resume and list_checkpoints(run_dir / "checkpoints"):  # complete ones only: a torn *.tmp is no run
         raise RecipeError(f"{run_dir} already holds a run: resume it with --resume {run_dir}, "
                           "or choose another --run-dir")
+    metrics = run_dir / "metrics.jsonl"
+    if not resume and metrics.is_file() and metrics.stat().st_size:  # a run stopped before its first checkpoint
+        raise RecipeError(f"{run_dir} holds the metrics of an earlier run that left no checkpoint to resume; a new "
+                          "run there would append its rows to them: choose another --run-dir, or delete that one")
     for r in recipe.rewards:
         if r.type == "callable" and r.function:
             validate_callable(r.function)

@@ -58,6 +58,19 @@ def test_train_with_callbacks_stops_early_and_resumes(data, tmp_path):
     assert last["step"] == 6
 
 
+def test_a_run_dir_with_metrics_but_no_checkpoint_is_refused(data, tmp_path):
+    """A run killed before its first checkpoint leaves metrics.jsonl; a new run there appended its rows to the
+    dead run's (one file, two runs' steps 1, 2, ...). It is refused, and an empty leftover file is not."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 1, "tokens": 100}\n')
+    with pytest.raises(RecipeError, match="left no checkpoint"):
+        api.train(data, run, overrides={"budget.max_steps": 1})
+    (run / "metrics.jsonl").write_text("")
+    api.train(data, run, overrides={"budget.max_steps": 1})
+    assert [r["step"] for r in map(yaml.safe_load, (run / "metrics.jsonl").read_text().splitlines())] == [0, 1]
+
+
 def test_run_dir_that_is_a_file_is_refused(data, tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(RecipeError, match="a file is there"):
