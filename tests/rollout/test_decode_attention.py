@@ -78,7 +78,7 @@ def gqa_model():
 
 
 @pytest.mark.parametrize("static", [None, "eager"])
-def test_the_decoder_on_a_gqa_model_matches_generate_and_the_trainer(monkeypatch, static):
+def test_the_decoder_on_a_gqa_model_matches_generate_and_the_trainer(static):
     model, tok = gqa_model()
     grouped = []
     real = decode_attention.attention
@@ -87,17 +87,20 @@ def test_the_decoder_on_a_gqa_model_matches_generate_and_the_trainer(monkeypatch
         grouped.append(query.shape[2] == 1)
         return real(module, query, *args, **kwargs)
 
-    monkeypatch.setitem(decode_attention.AttentionInterface._global_mapping, decode_attention.NAME, counted)
-    prompts = [tok.encode(t) for t in ("12+34=", "Hi", "a longer prompt, with commas")]
-    gen = HfGenerator(model, tok, RolloutConfig(max_new_tokens=10, temperature=0.7, max_batch=8), seed=1)
-    gen.static_decode = static
-    greedy = gen.generate([Request(str(i), p, 1) for i, p in enumerate(prompts)], greedy=True)
+    decode_attention.AttentionInterface.register(decode_attention.NAME, counted)
+    try:
+        prompts = [tok.encode(t) for t in ("12+34=", "Hi", "a longer prompt, with commas")]
+        gen = HfGenerator(model, tok, RolloutConfig(max_new_tokens=10, temperature=0.7, max_batch=8), seed=1)
+        gen.static_decode = static
+        greedy = gen.generate([Request(str(i), p, 1) for i, p in enumerate(prompts)], greedy=True)
+        sampled = gen.generate([Request("a", prompts[0], 3), Request("b", prompts[2], 2)])
+    finally:
+        decode_attention.AttentionInterface.register(decode_attention.NAME, real)
     assert any(grouped) and model.config._attn_implementation == "sdpa"  # the decode steps took the path
     for p, r in zip(prompts, greedy, strict=True):
         out = model.generate(torch.tensor([p]), max_new_tokens=10, do_sample=False, pad_token_id=tok.pad_token_id,
                              eos_token_id=tok.eos_token_id)
         assert r.completion_ids == out[0, len(p):].tolist()
-    sampled = gen.generate([Request("a", prompts[0], 3), Request("b", prompts[2], 2)])
     packed = pack([prompts[0]] * 3 + [prompts[2]] * 2, [r.completion_ids for r in sampled], tok.pad_token_id)
     with torch.no_grad():
         logp, _ = completion_logprobs(model, packed, temperature=0.7)
