@@ -20,6 +20,7 @@ import copy
 import json
 import platform
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -67,11 +68,7 @@ def measure(model: torch.nn.Module, rows: int, context: int, steps: int) -> dict
         logits = {}
         for name in (("sdpa", "grouped") if step % 2 == 0 else ("grouped", "sdpa")):
             start = time.perf_counter()
-            if name == "grouped":
-                with decoding(model):
-                    out = model(input_ids=token, attention_mask=attn, position_ids=position,
-                                past_key_values=caches[name], use_cache=True)
-            else:
+            with decoding(model) if name == "grouped" else nullcontext():
                 out = model(input_ids=token, attention_mask=attn, position_ids=position, past_key_values=caches[name],
                             use_cache=True)
             times[name].append(time.perf_counter() - start)

@@ -129,10 +129,6 @@ def training_pool(pool: str, args: argparse.Namespace) -> list:
     return build_task(load_recipe(ROOT / "recipes" / f"{POOLS[pool].recipe}.yaml", cut).task).train
 
 
-def share_of(pool: str, args: argparse.Namespace) -> dict[str, str]:
-    """Prompt id -> share of the cut pool's training problems."""
-    return {p.id: p.columns["share"] for p in training_pool(pool, args)}
-
 
 def share_table(pool: str, groups: dict[str, list[list[dict]]], share: dict[str, str], labels: list[str]) -> list[dict]:
     """Where each method's groups went, per share (seed means): the share of its groups, the fraction of those
@@ -223,7 +219,7 @@ def main(argv: list[str] | None = None) -> dict:
         if not done:
             continue
         curves = {m: [curve(results[m, s]) for s in ss] for m, ss in done.items()}
-        pool_problems = len(training_pool(pool, args))  # what the runs trained on, not what was asked for
+        train = training_pool(pool, args)  # what the runs trained on, not what was asked for
         labels = [share["share"] for share in shares(POOLS[pool])]
         report["pools"][pool] = {
             "key": run_key(pool, args),
@@ -231,12 +227,13 @@ def main(argv: list[str] | None = None) -> dict:
             "paired": paired_task(pool, curves, done, args.budget_tokens),
             "tokens_ratio": tokens_ratio_table(pool, curves, done, args.budget_tokens) if "uniform" in done else [],
             "mechanism": mechanism_table(pool, {m: [results[m, s] for s in ss] for m, ss in done.items()},
-                                         pool_problems, labels)}
+                                         len(train), labels)}
         kept = {m: [Path(args.results) / run_key(pool, args) / m / f"seed{s}" / "prompts.jsonl" for s in ss]
                 for m, ss in done.items()}
         if labels and all(p.exists() for ps in kept.values() for p in ps):
             groups = {m: [[json.loads(x) for x in p.read_text().splitlines()] for p in ps] for m, ps in kept.items()}
-            report["pools"][pool]["shares"] = share_table(pool, groups, share_of(pool, args), labels)
+            share = {problem.id: problem.columns["share"] for problem in train}
+            report["pools"][pool]["shares"] = share_table(pool, groups, share, labels)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, indent=2))

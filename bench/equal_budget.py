@@ -70,7 +70,7 @@ def claim(run_dir: Path) -> bool:
     return True
 
 
-def train_in_process(recipe: str, overrides: list[str], run_dir: Path) -> None:
+def train_in_subprocess(recipe: str, overrides: list[str], run_dir: Path) -> None:
     """`adarl train` of one run in a process of its own, from a clean run directory (what a killed attempt left
     is cleared: the run restarts). In one long process the runs' memory piled up (a campaign process held 11 GB
     at its fifth run against 5.6 GB at its first, and the kernel killed it); a process of its own gives it back."""
@@ -100,7 +100,7 @@ def train_run(recipe: str, overrides: list[str], run_dir: Path, label: str, repo
             return None
         print(f"[{os.getpid()}] {label}", flush=True)
         try:
-            train_in_process(recipe, overrides + (start() if start else []), run_dir)
+            train_in_subprocess(recipe, overrides + (start() if start else []), run_dir)
         finally:
             (run_dir / ".claim").unlink(missing_ok=True)
     text = (run_dir / "metrics.jsonl").read_text()
