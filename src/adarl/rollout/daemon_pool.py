@@ -48,7 +48,8 @@ class DaemonPool:
         self.abandoned = 0  # threads of calls failed at their deadline that are still running now
         self.refused = 0  # calls refused because `max_abandoned` threads were still hung
         self._cond = threading.Condition()
-        self._queued: list[tuple[Future, Callable[..., Any], tuple[Any, ...], float]] = []  # ..., timeout_s
+        # waiting calls: (future, fn, args, timeout_s); a call's deadline is set when it starts
+        self._queued: list[tuple[Future, Callable[..., Any], tuple[Any, ...], float]] = []
         self._running: dict[Future, float] = {}  # a running call's future -> its deadline (time.monotonic())
         self._watcher: threading.Thread | None = None
         self._closed = False
