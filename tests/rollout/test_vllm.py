@@ -413,3 +413,35 @@ def test_merged_lora_weights_leave_the_model_untouched(tiny_model_dir):
         torch.testing.assert_close(pushed[name], tensor, atol=1e-6, rtol=1e-6)
     q = "model.layers.0.self_attn.q_proj.weight"
     assert not torch.equal(pushed[q], before[f"base_model.model.{q.replace('.weight', '.base_layer.weight')}"])
+
+
+def test_the_first_engine_of_a_process_lets_its_model_go(tiny_model_dir, tmp_path):
+    """vLLM keeps an optional import's failure ("No module named 'torchcodec'") as a module global; its
+    traceback held the frames that first imported vLLM, so the first trainer of a process (its model,
+    optimizer and engine) outlived its run. Measured in a fresh interpreter, where vLLM is first imported
+    under the generator's constructor, as in a run: the model must be freed once the generator is closed."""
+    _vllm()
+    import subprocess
+    import sys
+
+    script = tmp_path / "first_engine.py"
+    script.write_text(f"""
+import gc, weakref
+from adarl.config import ModelConfig, RolloutConfig
+from adarl.models import load_model
+from adarl.rollout.vllm import VllmGenerator
+
+def build():
+    model, tok = load_model(ModelConfig(path={str(tiny_model_dir)!r}))
+    gen = VllmGenerator(model, tok, RolloutConfig(max_new_tokens=4, vllm={{"kv_cache_gib": 0.25}}))
+    gen.close()
+    return weakref.ref(model)
+
+ref = build()
+gc.collect()
+print("MODEL_FREED", ref() is None)
+""")
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "MODEL_FREED True" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]

