@@ -53,6 +53,9 @@ SMOKE = {"pool_size": 1, "eval_per_share": 2, "budget_tokens": 320, "eval_every"
 SMOKE_OVERRIDES = ["model.device=cpu", "rollout.backend=hf", "rollout.max_new_tokens=8", "reward_workers=1",
                    "budget.prompts_per_step=2", "train.micro_batch_tokens=512", "log.trackers=[]",
                    "log.rollouts_every=0"]
+#: ablations of a method: its recipe's sections, then the keys that make the variant
+VARIANTS = {"feature_prior_greedy": METHODS["feature_prior"] + ["select.exploration=0"]}  # no Thompson draw: ŵ
+CAMPAIGN_METHODS = {**METHODS, **VARIANTS}
 DIAGNOSTICS = ("unseen fraction", "visits per selected prompt", "pool visited", "useful-token fraction",
                "wasted token fraction")
 
@@ -79,7 +82,7 @@ def run_key(pool: str, args: argparse.Namespace) -> str:
 def run_one(pool: str, method: str, seed: int, args: argparse.Namespace) -> list[dict] | None:
     cut, _, held_out = pool_overrides(POOLS[pool], args.pool_size, args.eval_per_share)
     overrides = (budget_overrides(seed, args.budget_tokens, args.eval_every, held_out, args.threads) + cut
-                 + METHODS[method] + args.extra)
+                 + CAMPAIGN_METHODS[method] + args.extra)
     where = Path(run_key(pool, args)) / method / f"seed{seed}"
     rows = train_run(str(ROOT / "recipes" / f"{POOLS[pool].recipe}.yaml"), overrides, Path(args.runs) / where,
                      f"{pool} {method} seed {seed}", args.report_only, Path(args.results) / where)
@@ -201,9 +204,10 @@ def main(argv: list[str] | None = None) -> dict:
         args.extra += SMOKE_OVERRIDES
     pools, methods = args.pools.split(","), args.methods.split(",")
     seeds = [int(s) for s in args.seeds.split(",")]
-    unknown = [m for m in methods if m not in METHODS] + [p for p in pools if p not in POOLS]
+    unknown = [m for m in methods if m not in CAMPAIGN_METHODS] + [p for p in pools if p not in POOLS]
     if unknown:
-        parser.error(f"unknown method/pool {unknown}; methods: {', '.join(METHODS)}; pools: {', '.join(POOLS)}")
+        parser.error(f"unknown method/pool {unknown}; methods: {', '.join(CAMPAIGN_METHODS)}; "
+                     f"pools: {', '.join(POOLS)}")
     report: dict = {"budget_tokens": args.budget_tokens, "pool_size": args.pool_size,
                     "eval_per_share": args.eval_per_share, "eval_every": args.eval_every, "seeds": seeds, "pools": {}}
     for pool in pools:
