@@ -156,3 +156,22 @@ def test_attention_bench_smoke_times_both_paths_and_they_agree(tmp_path):
     (result,) = json.loads(out.read_text())["results"]
     assert result["rows"] == 2 and result["sdpa_s"] > 0 and result["grouped_s"] > 0
     assert result["max_abs_logit_diff"] < 1e-4
+
+
+def test_prior_calibration_replays_the_kept_runs(tmp_path):
+    """bench/prior_calibration.py on the committed large-pool runs of one seed: the constant prediction's
+    Brier score is the mean of (1/2 − c/n)² over every group after the first step, computed here from the file;
+    the selector's fitted prior must beat it on the groups of a run that selected as uniform does (VADE)."""
+    kept = ROOT / "bench/results/campaign/mixed/n400-e40-b12000/vade/seed0/prompts.jsonl"
+    groups = [json.loads(x) for x in kept.read_text().splitlines()]
+    later = [g for g in groups if g["step"] > min(x["step"] for x in groups)]
+    expected = sum((0.5 - g["correct"] / g["n"]) ** 2 for g in later) / len(later)
+    out = tmp_path / "calibration.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "prior_calibration.py"), "--methods", "vade",
+                           "--seeds", "0", "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = json.loads(out.read_text())["replays"]["vade"]
+    assert rows["constant 1/2"]["groups"] == len(later)
+    assert rows["constant 1/2"]["brier"] == pytest.approx(expected)
+    assert rows["constant 1/2"]["loglik"] == pytest.approx(-0.6931, abs=1e-4)  # log 1/2, whatever was sampled
+    assert rows["posterior mean (s=0)"]["brier"] < expected
