@@ -74,8 +74,8 @@ def train_in_subprocess(recipe: str, overrides: list[str], run_dir: Path) -> Non
     """`adarl train` of one run in a process of its own, from a clean run directory (what a killed attempt left
     is cleared: the run restarts). In one long process the runs' memory piled up (a campaign process held 11 GB
     at its fifth run against 5.6 GB at its first, and the kernel killed it); a process of its own gives it back.
-    One cause is found and fixed (the first trainer of a process outlived its run: rollout/vllm.py's
-    `_forget_import_tracebacks`); whether it was the only one was not measured."""
+    Two causes were found and fixed since (rollout/vllm.py: the first trainer of a process, and every closed
+    engine's model, outlived their runs); a process of its own still bounds whatever else a run leaves."""
     for leftover in run_dir.iterdir():
         if leftover.name != ".claim":
             shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()

@@ -415,33 +415,40 @@ def test_merged_lora_weights_leave_the_model_untouched(tiny_model_dir):
     assert not torch.equal(pushed[q], before[f"base_model.model.{q.replace('.weight', '.base_layer.weight')}"])
 
 
-def test_the_first_engine_of_a_process_lets_its_model_go(tiny_model_dir, tmp_path):
-    """vLLM keeps an optional import's failure ("No module named 'torchcodec'") as a module global; its
-    traceback held the frames that first imported vLLM, so the first trainer of a process (its model,
-    optimizer and engine) outlived its run. Measured in a fresh interpreter, where vLLM is first imported
-    under the generator's constructor, as in a run: the model must be freed once the generator is closed."""
+def test_closed_engines_free_their_models(tiny_model_dir, tmp_path):
+    """Two leaks kept every model of a process that trains several runs (in a fresh interpreter, as a run):
+    - vLLM keeps an optional import's failure ("No module named 'torchcodec'") as a module global, whose
+      traceback held the frames that first imported vLLM: the first trainer (model, optimizer, engine)
+      outlived its run (`_forget_import_tracebacks`);
+    - vLLM records every layer it reloads (each weight push) in a WeakKeyDictionary whose values hold the
+      layer: every closed engine's own model stayed (`_forget_reload_records`).
+    After two engines, each pushed new weights once and closed, neither policy nor any vLLM layer is left."""
     _vllm()
     import subprocess
     import sys
 
-    script = tmp_path / "first_engine.py"
+    script = tmp_path / "engines.py"
     script.write_text(f"""
 import gc, weakref
+import torch
 from adarl.config import ModelConfig, RolloutConfig
 from adarl.models import load_model
+from adarl.rollout.base import Weights
 from adarl.rollout.vllm import VllmGenerator
 
-def build():
+def run():
     model, tok = load_model(ModelConfig(path={str(tiny_model_dir)!r}))
     gen = VllmGenerator(model, tok, RolloutConfig(max_new_tokens=4, vllm={{"kv_cache_gib": 0.25}}))
+    gen.load_weights(Weights.of(model))
     gen.close()
     return weakref.ref(model)
 
-ref = build()
+policies = [run(), run()]
 gc.collect()
-print("MODEL_FREED", ref() is None)
+layers = sum(isinstance(o, torch.nn.Module) and type(o).__module__.startswith("vllm") for o in gc.get_objects())
+print("POLICIES_ALIVE", sum(p() is not None for p in policies), "VLLM_LAYERS_ALIVE", layers)
 """)
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "MODEL_FREED True" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "POLICIES_ALIVE 0 VLLM_LAYERS_ALIVE 0" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
