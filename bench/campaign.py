@@ -4,8 +4,9 @@ tokens, on a mixed-difficulty pool and a revisited homogeneous pool, paired by s
 A pool is a recipe (recipes/mixed_pool.yaml, recipes/revisited_pool.yaml) cut to the campaign's size
 by overrides (`POOLS`, `pool_overrides`): `--pool-size` training problems (per share on the mixed pool)
 and `--eval-per-share` held-out ones, so that the token budget passes over the pool several times and a
-per-prompt selector sees its prompts again. Each method is its recipe's sections (bench/methods.py), run
-by bench/equal_budget.py's resumable queue; finished runs' metrics are kept under `--results` (in git).
+per-prompt selector sees its prompts again. Each method is its recipe's sections (bench/methods.py), or a
+variant of one (`VARIANTS`: the method's sections and a few keys more), run by bench/equal_budget.py's
+resumable queue; finished runs' metrics are kept under `--results` (in git).
 
 The report (per pool): bench/allocation.py's tables (final pass@1, tokens to uniform's final pass@1 as a
 ratio of uniform's budget, the paired Δ to uniform at the budget with its t interval), then the mechanism
