@@ -39,7 +39,7 @@ from adarl.comparison import mechanism, tokens_to
 from adarl.stats import mean_ci
 from allocation import paired_task, report_task
 from equal_budget import budget_overrides, curve, train_run
-from methods import METHODS, ROOT
+from methods import METHODS, ROOT, opd
 
 
 @dataclass(frozen=True)
@@ -198,7 +198,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--partial", action="store_true", help="tabulate each method over its finished seeds")
     parser.add_argument("--smoke", action="store_true", help="the smallest setting, on --model (seconds)")
     parser.add_argument("--model", default=None, help="model.path for every run (the recipes' model if unset)")
+    parser.add_argument("--teacher", default=None,
+                        help="a model adarl trained: method `opd` distils from it on-policy (the ladder's rung)")
     args = parser.parse_args(argv)
+    if args.teacher:
+        CAMPAIGN_METHODS["opd"] = opd(args.teacher)
     args.extra = [f"model.path={args.model}"] if args.model else []
     if args.smoke:
         vars(args).update(SMOKE)

@@ -31,6 +31,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parent))
 import allocation  # noqa: E402
 from equal_budget import curve  # noqa: E402
+from methods import opd  # noqa: E402
 
 LADDER = ["uniform", "pilot_commit", "guide", "seele", "adhint", "xrpo_seeding", "sdar"]
 
@@ -72,7 +73,7 @@ def main() -> None:
     args = parser.parse_args()
     methods, seeds = args.methods.split(","), [int(s) for s in args.seeds.split(",")]
     if args.teacher:
-        allocation.METHODS["opd"] = [f"distill={{method: opd, teacher: '{args.teacher}', context: none, weight: 1.0}}"]
+        allocation.METHODS["opd"] = opd(args.teacher)
         methods.append("opd")
     unknown = [m for m in methods if m not in allocation.METHODS]
     if unknown or args.task not in allocation.TASKS:
