@@ -21,6 +21,9 @@ The defaults (6 problems a share, 40 held-out a share, 12k sampled tokens, evals
     .venv/bin/python bench/campaign.py --pools mixed --methods uniform,vade,feature_prior \
         --seeds 0,1,2,3,4 --threads 1 [--report-only --partial] [--out bench/out/campaign.json]
 
+`--teacher <a model adarl trained>` adds method `opd`, on-policy distillation from it (the ladder's best rung on
+addition); its teacher is not in the run key, so name `--results` apart when you change it.
+
 `--smoke` runs the whole path on a tiny model (`--model`) in seconds (tests/benchmarks/test_bench.py).
 """
 
