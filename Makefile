@@ -31,7 +31,7 @@ demo: setup
 # the whole suite (what .ci/run runs); test-fast leaves out what builds a model or waits on processes
 # (the markers: tests/conftest.py), in under 3 minutes on 2 cores
 test: setup
-	$(PY) -m pytest -q -ra
+	$(PY) -m pytest -q -ra --durations=30
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow and not model and not heavy"

@@ -55,21 +55,30 @@ class Control:
         now = time.monotonic()
         self._seen = {r: (-1, now) for r in watched if r != rank}  # rank -> (its counter, when it last changed)
         self._lock = threading.Lock()
+        self._stopped = threading.Event()
         self.store.add(f"beat/{rank}", 1)
-        threading.Thread(target=self._beat, args=(_store(max(30.0, heartbeat_timeout_s)),), daemon=True,
-                         name=f"adarl-heartbeat-{rank}").start()
+        self._beater = threading.Thread(target=self._beat, args=(_store(max(30.0, heartbeat_timeout_s)),),
+                                        daemon=True, name=f"adarl-heartbeat-{rank}")
+        self._beater.start()
+
+    def close(self) -> None:
+        """Stop beating, and wait for the heartbeat thread to end while the store still answers: a daemon
+        thread left inside a store call when the interpreter exits is killed as it takes the GIL back, and
+        that kill, unwinding through torch's C++ frames, aborts the process (SIGABRT) after its last word."""
+        self._stopped.set()
+        self._beater.join(timeout=max(30.0, self.timeout) + 5)
 
     # ------------------------------------------------------------ the heartbeat thread
 
     def _beat(self, store: dist.Store) -> None:
-        while True:
+        while not self._stopped.is_set():
             try:
                 store.add(f"beat/{self.rank}", 1)
                 for r in self._seen:
                     self._note(r, store.add(f"beat/{r}", 0))
             except STORE_ERRORS:
                 return  # the store is gone (the run is ending): the watchers' own calls say so
-            time.sleep(self.interval)
+            self._stopped.wait(self.interval)
 
     def _note(self, r: int, count: int) -> None:
         with self._lock:

@@ -72,6 +72,8 @@ def init_distributed(device: str = "auto", timeout_s: float | None = None, heart
 
 def end_distributed() -> None:
     global _control
+    if _control is not None:
+        _control.close()  # before the process group (and the store rank 0 hosts) goes
     _control = None
     if dist.is_initialized():
         dist.destroy_process_group()
