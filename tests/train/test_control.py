@@ -39,15 +39,14 @@ def heartbeats() -> list[threading.Thread]:
 
 
 def test_rank_0_beats_sees_a_silent_rank_and_stops_beating_at_the_end(store_master, monkeypatch):
-    control = Control(rank=0, world=2, heartbeat_timeout_s=0.8)  # beats every 0.1 s
+    control = Control(rank=0, world=2, heartbeat_timeout_s=2.0)  # beats every 0.25 s
     monkeypatch.setattr(sharded, "_control", control)
+    assert control.silent() == {}  # rank 1 has never beaten, but the timeout (2 s) has not passed
     beats = dist.PrefixStore("adarl/test-control/0/", store_master)
-    time.sleep(0.55)
-    counted = beats.add("beat/0", 0)
-    assert counted >= 4  # the first beat at start, then one every 0.1 s (a loaded machine may lag)
-    assert control.silent() == {}  # rank 1 has not beaten, but the timeout (0.8 s) has not passed
-    time.sleep(0.5)
-    assert list(control.silent()) == [1]  # 1.05 s without rank 1's counter changing
+    time.sleep(1.0)
+    assert beats.add("beat/0", 0) >= 3  # the first beat at start, then one every 0.25 s (slack for a loaded machine)
+    time.sleep(1.6)
+    assert list(control.silent()) == [1]  # over 2.6 s without rank 1's counter changing
     assert len(heartbeats()) == 1
 
     sharded.end_distributed()  # the end of every sharded run (cli.py), also one that failed
