@@ -81,6 +81,7 @@ def one_turn(written: str, env: type = Echo, seconds: float = 2.0, **kw) -> tupl
     """The model writes `written`, then "Sorry."; the trajectory, the agent's metrics, the tokenizer."""
     kw.setdefault("max_context_tokens", 10**7)
     ag, gen, prompt = agent({0: [written, "Sorry."]}, env=env, **kw)
+    gen.encode(written)  # the scripted model's own tokenizing is not the loop's time
     (r,) = bounded(lambda: run(ag, prompt), seconds)
     return r, ag.metrics(), gen.tokenizer
 
