@@ -50,14 +50,15 @@ class Control:
         self.rank, self.world, self.timeout = rank, world, heartbeat_timeout_s
         self.interval = heartbeat_timeout_s / 8
         self.calls = 0  # announced (rank 0) or received (the others)
-        self.store = _store(max(30.0, heartbeat_timeout_s))  # this thread's connection; the beat has its own
+        self.store_timeout_s = max(30.0, heartbeat_timeout_s)  # how long one store call may wait
+        self.store = _store(self.store_timeout_s)  # this thread's connection; the beat has its own
         watched = range(world) if rank == 0 else [0]
         now = time.monotonic()
         self._seen = {r: (-1, now) for r in watched if r != rank}  # rank -> (its counter, when it last changed)
         self._lock = threading.Lock()
         self._stopped = threading.Event()
         self.store.add(f"beat/{rank}", 1)
-        self._beater = threading.Thread(target=self._beat, args=(_store(max(30.0, heartbeat_timeout_s)),),
+        self._beater = threading.Thread(target=self._beat, args=(_store(self.store_timeout_s),),
                                         daemon=True, name=f"adarl-heartbeat-{rank}")
         self._beater.start()
 
@@ -66,7 +67,7 @@ class Control:
         thread left inside a store call when the interpreter exits is killed as it takes the GIL back, and
         that kill, unwinding through torch's C++ frames, aborts the process (SIGABRT) after its last word."""
         self._stopped.set()
-        self._beater.join(timeout=max(30.0, self.timeout) + 5)
+        self._beater.join(timeout=self.store_timeout_s + 5)
 
     # ------------------------------------------------------------ the heartbeat thread
 
