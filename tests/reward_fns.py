@@ -101,3 +101,14 @@ def unscorable_reward(prompts: list[Any], completions: list[str], down: list[Any
     if down and down[0]:
         raise ScoringFailure("the scoring service is down")
     return [0.0 if "wrong" in c else 1.0 for c in completions]
+
+
+def timed_math_score(completion: str, answer: str) -> tuple[float, float]:
+    """adarl's math score of `completion` and the seconds it took, measured in the worker."""
+    import time
+
+    from adarl.rewards import math
+
+    start = time.perf_counter()
+    value = math.score(completion, answer, timeout_s=60)
+    return value, time.perf_counter() - start

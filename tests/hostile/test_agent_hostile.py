@@ -46,6 +46,7 @@ from adarl.rollout.daemon_pool import CallTimeout, DaemonPool
 from adarl.rollout.tools import MAX_RESULT_CHARS, Calculator, SqlDatabase
 from adarl.types import Rollout
 from test_agent import Guess, agent, run
+from time_caps import fastest
 
 HANG = threading.Event()  # what the hanging environments wait for: set when this module's tests end
 
@@ -69,7 +70,8 @@ def call(name: str, **arguments: Any) -> str:
 
 
 def bounded(fn, seconds: float):
-    """fn()'s value, asserting it took under `seconds`."""
+    """fn()'s value, asserting it took under `seconds`: a deadline's check, one try (a hung call's state
+    cannot be made again); a linear-time cap uses `fastest`."""
     start = time.perf_counter()
     out = fn()
     took = time.perf_counter() - start
@@ -80,10 +82,18 @@ def bounded(fn, seconds: float):
 def one_turn(written: str, env: type = Echo, seconds: float = 2.0, **kw) -> tuple[Rollout, dict[str, float], Any]:
     """The model writes `written`, then "Sorry."; the trajectory, the agent's metrics, the tokenizer."""
     kw.setdefault("max_context_tokens", 10**7)
-    ag, gen, prompt = agent({0: [written, "Sorry."]}, env=env, **kw)
-    gen.encode(written)  # the scripted model's own tokenizing is not the loop's time
-    (r,) = bounded(lambda: run(ag, prompt), seconds)
-    return r, ag.metrics(), gen.tokenizer
+
+    def prepared():
+        ag, gen, prompt = agent({0: [written, "Sorry."]}, env=env, **kw)
+        gen.encode(written)  # the scripted model's own tokenizing is not the loop's time
+        return ag, gen, prompt
+
+    def turn(built):
+        ag, gen, prompt = built
+        (r,) = run(ag, prompt)
+        return r, ag.metrics(), gen.tokenizer
+
+    return fastest(turn, seconds, setup=prepared)
 
 
 def tool_text(r: Rollout, tok: Any) -> str:
@@ -162,8 +172,11 @@ def test_pathological_call_text_is_parsed_in_linear_time(written, parser):
 @pytest.mark.parametrize("text", ["<tool_call>" * 100_000, "```python\n" * 100_000])
 def test_the_parsers_alone_are_linear(text):
     # cap: 1 s for 1.1 MB of unclosed starts (0.12 s on a quiet machine; the old regex: over 2 minutes)
-    with pytest.raises(Exception, match="without a closing") if text.startswith("<") else _nothing():
-        bounded(lambda: (parse_tool_call if text.startswith("<") else parse_python_block)(text), 1.0)
+    def parse():
+        with pytest.raises(Exception, match="without a closing") if text.startswith("<") else _nothing():
+            (parse_tool_call if text.startswith("<") else parse_python_block)(text)
+
+    fastest(parse, 1.0)
 
 
 class _nothing:
@@ -364,7 +377,7 @@ def test_a_sql_result_is_capped_in_length_and_time(sql):
     # caps: 1 s, MAX_RESULT_CHARS characters (+ a one-line note); was: a string of up to 10^9 characters
     db = SqlDatabase()
     db.reset(table=json.dumps([[f"n{i}", "t", i, 30] for i in range(30)]))
-    out = bounded(lambda: db.query(sql), 1.0)
+    out = fastest(lambda: db.query(sql), 1.0)
     assert isinstance(out, str) and len(out) <= MAX_RESULT_CHARS + 100
 
 

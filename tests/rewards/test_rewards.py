@@ -24,6 +24,7 @@ from adarl.types import Group, Problem, Rollout
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # workers import reward_fns by name
 import reward_fns  # noqa: E402
+from time_caps import fastest  # noqa: E402
 
 
 def make_group(texts: list[str], answer: str | None = "42", pid: str = "p", **columns: object) -> Group:
@@ -105,12 +106,14 @@ def test_extraction_is_fast_on_huge_adversarial_completions() -> None:
         "-" * 100_000 + "1.",
         "1." * 100_000,
     ]
-    start = time.perf_counter()
-    for text in adversarial:
-        for mode in ("answer_tag", "boxed", "last_number", "last_line"):
-            extract(text, mode)  # type: ignore[arg-type]
-        short_answer.score(text, "1")
-    assert time.perf_counter() - start < 2.0
+
+    def extract_all():
+        for text in adversarial:
+            for mode in ("answer_tag", "boxed", "last_number", "last_line"):
+                extract(text, mode)  # type: ignore[arg-type]
+            short_answer.score(text, "1")
+
+    fastest(extract_all, 2.0)
 
 
 def test_last_line_is_the_last_non_empty_line():
@@ -170,16 +173,17 @@ def test_match_exact(pred: str, answer: str, expected: bool) -> None:
 
 
 def test_huge_numbers_neither_hang_nor_raise() -> None:
-    start = time.perf_counter()
-    assert parse_number("1e999999999999999999999999") is None  # beyond any exponent: not a number
-    assert parse_number("1" * 100_000) is None  # too long to parse
-    assert not match("1e-99999999999999999999999", "0")  # no underflow to zero
-    assert match("9" * 100_000, "9" * 100_000)  # identical strings still match
-    assert not match("9" * 5_000, "9" * 4_999 + "8")
-    assert match("1e999999", "1.0e999999")
-    assert not match("1e999999", "2e999999")
-    assert short_answer.score("the answer is " + "7" * 50_000, "7") == 0.0
-    assert time.perf_counter() - start < 1.0
+    def huge() -> None:
+        assert parse_number("1e999999999999999999999999") is None  # beyond any exponent: not a number
+        assert parse_number("1" * 100_000) is None  # too long to parse
+        assert not match("1e-99999999999999999999999", "0")  # no underflow to zero
+        assert match("9" * 100_000, "9" * 100_000)  # identical strings still match
+        assert not match("9" * 5_000, "9" * 4_999 + "8")
+        assert match("1e999999", "1.0e999999")
+        assert not match("1e999999", "2e999999")
+        assert short_answer.score("the answer is " + "7" * 50_000, "7") == 0.0
+
+    fastest(huge, 1.0)
 
 
 def test_short_answer_score() -> None:
@@ -316,6 +320,22 @@ def test_names_defaults_and_duplicates() -> None:
         Rewards([RewardConfig(type="callable", function="reward_fns:nope")])
     with pytest.raises(ValueError, match="invalid format pattern"):
         Rewards([RewardConfig(type="format", pattern="[")])
+
+
+def test_a_math_workers_first_answer_does_not_pay_the_warm_up() -> None:
+    # math-verify's first LaTeX parse and comparison in a process cost 0.7-2.7 s on a 2-core machine (this
+    # answer: 0.7-0.9 s cold, 0.08-0.09 s after the warm-up), inside the first answer's 1 s math timeout
+    # here: a correct answer could score 0. The workers pay it at start-up, before the pool counts time.
+    took = []
+    for _ in range(3):  # the fastest of three fresh workers (one can stall on a busy machine)
+        with Rewards([RewardConfig(type="math")], workers=1, timeout_s=3.0) as rewards:
+            job = (reward_fns.timed_math_score, ("<answer>y^2-2y+1</answer>", "(y-1)^2"))
+            ((value, status),) = rewards.pool.run([job])
+        assert status == "ok" and value[0] == 1.0
+        took.append(round(value[1], 2))
+        if took[-1] < 0.3:
+            return
+    raise AssertionError(f"a fresh worker's first answer took {took} s")
 
 
 def test_math_verify_equivalences_and_power_tower() -> None:

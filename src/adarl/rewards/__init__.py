@@ -129,7 +129,7 @@ class Rewards:
                 if validate:
                     validate_callable(c.function)
             if c.type == "math":
-                preload.append("math_verify")
+                preload.append("adarl.rewards.math:warm_up")
             if c.type == "code":
                 caps = code_reward.sandbox.sandbox_capabilities()  # logs any missing layer once
                 if "error" in caps:

@@ -62,6 +62,17 @@ def score(completion: str, answer: str | None, timeout_s: int = 3) -> float:
     return 1.0 if verify(gold, pred, timeout_seconds=t) else 0.0
 
 
+def warm_up() -> None:
+    """Pays math-verify's first-call costs in a worker's start-up, not in its first answer's timeout.
+
+    The first LaTeX parse fills the ANTLR parser's prediction cache and the first comparison warms
+    sympy: 1.2-2.7 s on a busy 2-core machine, against 0.02-0.09 s for the same answer afterwards. At
+    the pool's default math timeout of 1-3 s a worker's first correct answer could time out and score 0.
+    """
+    score("<answer>x^2+2x+1</answer>", "(x+1)^2", timeout_s=60)
+    score("$\\frac{1}{2} + \\sqrt{8}$", "0.5 + 2\\sqrt{2}", timeout_s=60)
+
+
 def reward(prompts: list, completions: list[str], answer: list | None = None, timeout_s: int = 3,
            **columns: list) -> list[float]:
     """TRL's reward signature (as user functions have): math-verify equivalence per completion."""

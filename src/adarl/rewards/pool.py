@@ -186,8 +186,11 @@ def _worker_loop(conn: Connection, output: Connection, preload: tuple[str, ...],
     fd = conn.fileno()
     _isolate_fds(fd, output)
     for name in preload:
+        module, _, warm_up = name.partition(":")
         with contextlib.suppress(Exception):  # a job needing the module will report the error itself
-            importlib.import_module(name)
+            imported = importlib.import_module(module)
+            if warm_up:
+                getattr(imported, warm_up)()
     _limit_memory(memory_limit_bytes)
     try:
         _write_all(fd, _frame(pickle.dumps((_READY, "ok", os.getpid()))))
@@ -465,7 +468,8 @@ class WorkerPool:
         memory_limit_mb: address space (MiB) each worker may add after start-up (RLIMIT_AS, Linux);
             a job that allocates beyond it fails with MemoryError. None disables the cap.
         preload: modules each worker of the default domain ``""`` imports before accepting jobs
-            (not counted in timeouts).
+            (not counted in timeouts); ``module:function`` also calls ``function()`` there, to pay a
+            library's first-call costs (math-verify's grammar) before any job's timeout starts.
         domains: preload modules of other domains; a job's domain (see `run`) picks the workers
             that may run it, and a worker runs jobs of one domain only.
         import_main: re-import the parent's ``__main__`` in workers (the multiprocessing default);
