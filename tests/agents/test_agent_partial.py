@@ -291,7 +291,7 @@ def test_a_slow_tool_leaves_the_batch_and_the_other_rows_go_on():
     agent, gen, prompt = setup(Sleepy)
     t0 = time.monotonic()
     out = agent.generate([Request("p", prompt, 2)], keys=[1, 3])
-    assert time.monotonic() - t0 < 1.6  # the old lock-step loop: ≥ 0.8 s per turn, 3 turns
+    assert time.monotonic() - t0 < 2.2  # the old lock-step loop: ≥ 0.8 s per turn, 3 turns (≥ 2.4 s)
     assert [r.text for r in out] == ["Total 5.", "It is 12."]
     # row 3's later turns decoded in calls row 1 was not part of
     assert gen.calls[0] == [1, 3] and [3] in gen.calls[1:-1] and gen.calls.index([1]) > gen.calls.index([3])
