@@ -66,7 +66,7 @@ def warm_up() -> None:
     """Pays math-verify's first-call costs in a worker's start-up, not in its first answer's timeout.
 
     The first LaTeX parse fills the ANTLR parser's prediction cache and the first comparison warms
-    sympy: 1.2-2.7 s on a busy 2-core machine, against 0.02-0.09 s for the same answer afterwards. At
+    sympy: 0.7-2.7 s on a 2-core machine (the more so, the busier), 0.02-0.09 s for the same answer after. At
     the pool's default math timeout of 1-3 s a worker's first correct answer could time out and score 0.
     """
     score("<answer>x^2+2x+1</answer>", "(x+1)^2", timeout_s=60)
