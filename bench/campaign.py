@@ -24,6 +24,11 @@ The defaults (6 problems a share, 40 held-out a share, 12k sampled tokens, evals
 `--teacher <a model adarl trained>` adds method `opd`, on-policy distillation from it (the ladder's best rung on
 addition); its teacher is not in the run key, so name `--results` apart when you change it.
 
+`--teacher-data DIR --teacher-pool-size N` trains nothing: it writes a teacher's SFT data for the pool, the
+pool cut at N problems (per share) with none of the campaign's held-out problems (`DIR/train.jsonl`), and
+the campaign's held-out problems (`DIR/heldout.jsonl`, with their share); `adarl sft` on them with
+`task.source=jsonl` (docs/benchmarks.md gives the command) makes a teacher that never saw a held-out problem.
+
 `--smoke` runs the whole path on a tiny model (`--model`) in seconds (tests/benchmarks/test_bench.py).
 """
 
@@ -137,6 +142,34 @@ def training_pool(pool: str, args: argparse.Namespace) -> list:
 
 
 
+def write_teacher_data(pool: str, args: argparse.Namespace, out: Path, size: int) -> tuple[int, int]:
+    """Write `out`/train.jsonl (the pool cut at `size` problems, training and held-out, less every problem
+    of the campaign's held-out set by id or prompt) and `out`/heldout.jsonl (that held-out set); returns
+    their lengths. The campaign's held-out set depends on the cut (`pool_overrides`), so a wider cut's
+    training problems hold some of it: they are the ones left out."""
+    from adarl.config import load_recipe
+    from adarl.tasks import build_task
+
+    def problems(cut_size: int, eval_per_share: int) -> tuple[list, list]:
+        cut, _, _ = pool_overrides(POOLS[pool], cut_size, eval_per_share)
+        task = build_task(load_recipe(ROOT / "recipes" / f"{POOLS[pool].recipe}.yaml", cut).task)
+        return task.train, task.eval
+
+    _, held_out = problems(args.pool_size, args.eval_per_share)
+    seen = {p.id for p in held_out} | {json.dumps(p.prompt) for p in held_out}
+    wide_train, wide_eval = problems(size, args.eval_per_share)
+    train = [p for p in wide_train + wide_eval if p.id not in seen and json.dumps(p.prompt) not in seen]
+
+    def row(p) -> str:
+        return json.dumps({"id": p.id, "prompt": p.prompt, "answer": p.answer,
+                           **({"share": p.columns["share"]} if "share" in p.columns else {})})
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "train.jsonl").write_text("".join(row(p) + "\n" for p in train))
+    (out / "heldout.jsonl").write_text("".join(row(p) + "\n" for p in held_out))
+    return len(train), len(held_out)
+
+
 def share_table(pool: str, groups: dict[str, list[list[dict]]], share: dict[str, str], labels: list[str]) -> list[dict]:
     """Where each method's groups went, per share (seed means): the share of its groups, the fraction of those
     with equal rewards (all correct or all wrong: no GRPO signal) and their pass rate."""
@@ -203,7 +236,17 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--model", default=None, help="model.path for every run (the recipes' model if unset)")
     parser.add_argument("--teacher", default=None,
                         help="a model adarl trained: method `opd` distils from it on-policy (the ladder's rung)")
+    parser.add_argument("--teacher-data", type=Path, default=None,
+                        help="write a teacher's SFT data for each pool here (DIR/<pool>/) and train nothing")
+    parser.add_argument("--teacher-pool-size", type=int, default=400,
+                        help="--teacher-data: problems per share of the wider cut it is drawn from")
     args = parser.parse_args(argv)
+    if args.teacher_data:
+        counts = {pool: write_teacher_data(pool, args, args.teacher_data / pool, args.teacher_pool_size)
+                  for pool in args.pools.split(",")}
+        for pool, (n_train, n_held) in counts.items():
+            print(f"{pool}: {n_train} training problems, none of the {n_held} held out: {args.teacher_data / pool}")
+        return {"teacher_data": {pool: {"train": a, "heldout": b} for pool, (a, b) in counts.items()}}
     if args.teacher:
         CAMPAIGN_METHODS["opd"] = opd(args.teacher)
     args.extra = [f"model.path={args.model}"] if args.model else []

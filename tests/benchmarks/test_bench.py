@@ -192,3 +192,34 @@ def test_prior_calibration_replays_the_kept_runs(tmp_path):
     assert rows["constant 1/2"]["brier"] == pytest.approx(expected)
     assert rows["constant 1/2"]["loglik"] == pytest.approx(-0.6931, abs=1e-4)  # log 1/2, whatever was sampled
     assert rows["posterior mean (s=0)"]["brier"] < expected
+
+
+def test_campaign_teacher_data_holds_no_held_out_problem(tmp_path):
+    """bench/campaign.py --teacher-data: a wider cut of the mixed pool shares problems with the campaign's
+    held-out set (the split depends on the cut), and the teacher's SFT data must hold none of them; read back
+    as a jsonl task, its held-out set is the campaign's, problem for problem."""
+    from adarl.tasks import build_task
+
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "campaign.py"), "--pools", "mixed",
+                           "--teacher-data", str(tmp_path), "--teacher-pool-size", "60"],
+                          cwd=ROOT / "bench", capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = {name: [json.loads(x) for x in (tmp_path / "mixed" / f"{name}.jsonl").read_text().splitlines()]
+            for name in ("train", "heldout")}
+    mixture = [s.model_dump() for s in load_recipe(ROOT / "recipes" / "mixed_pool.yaml").task.mixture]
+    campaign = load_recipe(ROOT / "recipes" / "mixed_pool.yaml", [
+        "task.mixture=" + json.dumps([{**s, "size": 6, "eval_size": 40} for s in mixture])])
+    held = build_task(campaign.task).eval
+    wide = build_task(load_recipe(ROOT / "recipes" / "mixed_pool.yaml", [
+        "task.mixture=" + json.dumps([{**s, "size": 60, "eval_size": 40} for s in mixture])]).task)
+    questions = {p.messages[-1]["content"] for p in held}
+    assert [r["id"] for r in rows["heldout"]] == [p.id for p in held]
+    assert not questions & {r["prompt"][-1]["content"] for r in rows["train"]}
+    overlap = [p for p in wide.train + wide.eval if p.messages[-1]["content"] in questions]
+    assert overlap  # the wider cut does hold some of them, so something was left out
+    assert len(rows["train"]) == len(wide.train) + len(wide.eval) - len(overlap)
+    assert {r["share"] for r in rows["train"]} == {"easy", "middle", "hard"}
+    task = build_task(load_recipe(ROOT / "recipes" / "mixed_pool.yaml", [
+        "task.source=jsonl", "task.mixture=null", f"task.path={tmp_path / 'mixed' / 'train.jsonl'}",
+        f"task.eval_path={tmp_path / 'mixed' / 'heldout.jsonl'}", "task.eval_size=120"]).task)
+    assert [p.id for p in task.eval] == [p.id for p in held] and len(task.train) == len(rows["train"])
