@@ -136,6 +136,12 @@ def test_sft_command_line(tiny_model_dir, tmp_path):
     assert last.startswith("done: step=2, loss=") and "target_logprob=" in last and f"(run directory: {run})" in last
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 2
     assert (run / "final" / "model.safetensors").is_file()
+    # the SFT run is a run directory: `adarl eval RUN` scores its final model on the recipe's held-out set
+    evaluated = CliRunner().invoke(app, ["eval", str(run), "--n", "0", "--size", "2"])
+    assert evaluated.exit_code == 0, evaluated.output
+    report = json.loads((run / "eval.json").read_text())
+    assert report["kind"] == "run" and report["model"] == str(run / "final")
+    assert [task["problems"] for task in report["tasks"].values()] == [2]
     bad = CliRunner().invoke(app, ["sft", str(recipe), "--objective", "dpo"])
     assert bad.exit_code == 2 and "otr" in bad.output
 

@@ -20,7 +20,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from adarl.config import Recipe
+from adarl.config import Recipe, dump_recipe
 from adarl.loss.otr import nll_token_loss, otr_token_loss
 from adarl.metrics.sinks import MetricsWriter
 from adarl.models import chat_ids, load_model
@@ -75,6 +75,9 @@ def run_sft(recipe: Recipe, run_dir: Path, objective: Literal["otr", "nll"] = "o
     if steps is None:
         raise ValueError("sft: give steps, or set budget.max_steps in the recipe")
     run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    # a run directory like training's: `adarl eval RUN`, `adarl report RUN` read the recipe from here
+    checkpoint.atomic_write_text(run_dir / "config.yaml", dump_recipe(recipe))
     torch.manual_seed(recipe.seed)
     if recipe.model.threads:
         torch.set_num_threads(recipe.model.threads)
