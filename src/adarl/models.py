@@ -84,6 +84,10 @@ def resolve_model(path: str) -> tuple[Path, str | None]:
             return p.resolve(), None
         ggufs = sorted(q.name for q in p.glob("*.gguf"))
         hint = f" (it holds {', '.join(ggufs)}: pass that file's path)" if ggufs else ""
+        if (p / "final" / "config.json").is_file():  # an adarl run directory (train or sft)
+            hint = f" (a run directory: its trained model is {p / 'final'})"
+        elif (p / "config.yaml").is_file():
+            hint = " (a run directory without a final/ model yet: the run has not finished)"
         raise FileNotFoundError(f"model path '{path}' is a folder without config.json{hint}; "
                                 f"expected {_accepted()}")
     if p.is_file():

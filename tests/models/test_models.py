@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import string
 import time
 from pathlib import Path
@@ -110,7 +111,7 @@ def test_resolve_local_folder(tiny_model_dir: Path) -> None:
     assert ensure_hf_folder(str(tiny_model_dir)) == tiny_model_dir.resolve()
 
 
-def test_resolve_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_resolve_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tiny_model_dir: Path) -> None:
     with pytest.raises(FileNotFoundError, match="not found.*alias.*gguf.*config.json.*Hub id"):
         resolve_model(str(tmp_path / "nope"))
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))  # empty: tests/models/test_hub.py fills one
@@ -123,6 +124,14 @@ def test_resolve_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     (tmp_path / "m.gguf").write_bytes(b"x")
     with pytest.raises(FileNotFoundError, match="without config.json.*m.gguf"):
         resolve_model(str(tmp_path))
+    run = tmp_path / "run"  # an adarl run directory names its trained model
+    run.mkdir()
+    (run / "config.yaml").write_text("name: x\n")
+    with pytest.raises(FileNotFoundError, match="run directory without a final/ model yet"):
+        resolve_model(str(run))
+    shutil.copytree(tiny_model_dir, run / "final")
+    with pytest.raises(FileNotFoundError, match=f"a run directory: its trained model is {run / 'final'}"):
+        resolve_model(str(run))
 
 
 def test_alias_missing_package_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
