@@ -21,8 +21,9 @@ The defaults (6 problems a share, 40 held-out a share, 12k sampled tokens, evals
     .venv/bin/python bench/campaign.py --pools mixed --methods uniform,vade,feature_prior \
         --seeds 0,1,2,3,4 --threads 1 [--report-only --partial] [--out bench/out/campaign.json]
 
-`--teacher <a model adarl trained>` adds method `opd`, on-policy distillation from it (the ladder's best rung on
-addition); its teacher is not in the run key, so name `--results` apart when you change it.
+`--teacher <a model adarl trained>` adds methods `opd`, on-policy distillation from it (the ladder's best rung on
+addition), and `aopd`, its asymmetric form (stable with a near-deterministic teacher); their teacher is not in
+the run key, so name `--results` apart when you change it.
 
 `--teacher-data DIR --teacher-pool-size N` trains nothing: it writes a teacher's SFT data for the pool, the
 pool cut at N problems (per share) with none of the campaign's held-out problems (`DIR/train.jsonl`), and
@@ -235,7 +236,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--smoke", action="store_true", help="the smallest setting, on --model (seconds)")
     parser.add_argument("--model", default=None, help="model.path for every run (the recipes' model if unset)")
     parser.add_argument("--teacher", default=None,
-                        help="a model adarl trained: method `opd` distils from it on-policy (the ladder's rung)")
+                        help="a model adarl trained: methods opd and aopd distil from it on-policy (the ladder)")
     parser.add_argument("--teacher-data", type=Path, default=None,
                         help="write a teacher's SFT data for each pool here (DIR/<pool>/) and train nothing")
     parser.add_argument("--teacher-pool-size", type=int, default=400,
@@ -249,6 +250,7 @@ def main(argv: list[str] | None = None) -> dict:
         return {"teacher_data": {pool: {"train": a, "heldout": b} for pool, (a, b) in counts.items()}}
     if args.teacher:
         CAMPAIGN_METHODS["opd"] = opd(args.teacher)
+        CAMPAIGN_METHODS["aopd"] = opd(args.teacher, "aopd")
     args.extra = [f"model.path={args.model}"] if args.model else []
     if args.smoke:
         vars(args).update(SMOKE)

@@ -63,6 +63,7 @@ def method_overrides(recipe: str, base: str = "quickstart") -> list[str]:
 METHODS: dict[str, list[str]] = {method: method_overrides(recipe) for method, recipe in RECIPES.items()}
 
 
-def opd(teacher: str) -> list[str]:
-    """On-policy distillation from `teacher` (a model adarl trained), the ladder's best rung on addition."""
-    return [f"distill={{method: opd, teacher: '{teacher}', context: none, weight: 1.0}}"]
+def opd(teacher: str, method: str = "opd") -> list[str]:
+    """On-policy distillation from `teacher` (a model adarl trained), the ladder's best rung on addition;
+    `method` aopd: its asymmetric form (the teacher's top-k forward KL where the token advantage is <= 0)."""
+    return [f"distill={{method: {method}, teacher: '{teacher}', context: none, weight: 1.0}}"]
