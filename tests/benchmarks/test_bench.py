@@ -147,20 +147,23 @@ def test_campaign_smoke_runs_each_method_and_tabulates_the_mechanism(tiny_model_
 
 
 def test_campaign_teacher_adds_on_policy_distillation(tiny_model_dir, tmp_path):
-    """bench/campaign.py --teacher: method `opd` trains with the teacher's per-token log-probs (its forward
-    tokens are counted), and without --teacher there is no such method."""
+    """bench/campaign.py --teacher: methods `opd` and `aopd` train with the teacher's per-token log-probs (its
+    forward tokens are counted), and without --teacher there are no such methods."""
     command = [sys.executable, str(ROOT / "bench" / "campaign.py"), "--smoke", "--model", str(tiny_model_dir),
-               "--methods", "opd", "--seeds", "0", "--threads", "1", "--runs", str(tmp_path / "runs"),
+               "--methods", "opd,aopd", "--seeds", "0", "--threads", "1", "--runs", str(tmp_path / "runs"),
                "--results", str(tmp_path / "results")]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
     refused = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    assert refused.returncode == 2 and "unknown method/pool ['opd']" in refused.stderr
+    assert refused.returncode == 2 and "unknown method/pool ['opd', 'aopd']" in refused.stderr
     proc = subprocess.run([*command, "--teacher", str(tiny_model_dir)], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    (kept,) = (tmp_path / "results").glob("mixed/*/opd/seed0/metrics.jsonl")
-    rows = [json.loads(line) for line in kept.read_text().splitlines() if json.loads(line)["step"] > 0]
-    assert rows and all(r["distill/teacher_forward_tokens"] > 0 for r in rows)
+    for method in ("opd", "aopd"):
+        (kept,) = (tmp_path / "results").glob(f"mixed/*/{method}/seed0/metrics.jsonl")
+        rows = [json.loads(line) for line in kept.read_text().splitlines() if json.loads(line)["step"] > 0]
+        assert rows and all(r["distill/teacher_forward_tokens"] > 0 for r in rows), method
+        (config,) = (tmp_path / "runs").glob(f"mixed/*/{method}/seed0/config.yaml")
+        assert load_recipe(config).distill.method == method
 
 
 def test_attention_bench_smoke_times_both_paths_and_they_agree(tmp_path):
