@@ -81,6 +81,34 @@ def test_entropy_collapse():
     assert health.entropy_collapse(rows(entropy=[1.0, 0.9, 0.8, 0.3, 0.1])) is None
 
 
+def test_leaving_the_teacher():
+    # start = mean of the first three logged gaps (-2.0, -2.5, -3.0) = -2.5; line -3.5.
+    # Below it: -4.0 (step 5), -5.5 (step 6); -3.4 (step 4) is not -> began at step 5
+    r = rows(**{"distill/gap": [None, -2.0, -2.5, -3.0, -3.4, -4.0, -5.5]})
+    flag = health.leaving_the_teacher(r)
+    assert flag is not None and flag.step == 5 and flag.metric == "distill/gap"
+    assert "fell from -2.50 to -5.50 nats" in flag.detail and "aopd" in flag.detail
+    # a healthy distillation: the gap rises towards 0
+    assert health.leaving_the_teacher(rows(**{"distill/gap": [-0.5, -0.4, -0.3, -0.1, -0.05]})) is None
+    # -3.4 at the end is above the line: not flagged
+    assert health.leaving_the_teacher(rows(**{"distill/gap": [-2.0, -2.5, -3.0, -4.0, -3.4]})) is None
+    assert health.leaving_the_teacher(rows(**{"distill/gap": [-2.0, -2.5, -9.0]})) is None  # too few
+
+
+def test_the_kept_distillation_runs_are_flagged_only_where_they_collapsed():
+    """The committed runs: OPD's sampled form under the mixed pool's SFT teacher (held-out pass@1 0.51 -> 0.11)
+    is flagged; OPD from the quickstart's RL-trained teacher on the revisited pool (5 seeds) is not."""
+    from adarl.runs import read_metrics
+
+    kept = Path(__file__).resolve().parents[2] / "bench" / "results" / "campaign"
+    collapsed = kept / "mixed/teacher/sft-n400/opd_sampled_stopped"
+    for seed in (0, 1):
+        lines = (collapsed / f"seed{seed}.jsonl").read_text().splitlines()
+        assert health.leaving_the_teacher([json.loads(x) for x in lines]) is not None, seed
+    for run in sorted((kept / "revisited/n24-e120-b12000/opd").glob("seed*")):
+        assert health.leaving_the_teacher(read_metrics(run)) is None, run
+
+
 @pytest.mark.heavy
 def test_flags_reach_the_comparison_and_the_report(tmp_path):
     import adarl.comparison as comparison

@@ -17,6 +17,13 @@ Each check returns a `Flag` naming the metric, what happened and the step where 
   seen, so it had no difficulty estimate to act on and behaved like uniform selection. Flagged from
   the first training step. A pool far larger than the budget's visits does this; a smaller pool, or
   a selector that predicts unseen prompts (select/feature_prior.py), does not.
+- ``leaving_the_teacher``: a distillation run's ``distill/gap`` (the teacher's log-prob minus the
+  policy's on the policy's own tokens, mean per token) ends more than `gap_fall` (1.0 nat) below its
+  start, the mean of the first three logged values: the policy moves away from its teacher instead of
+  towards it. On-policy distillation's sampled form does this under a near-deterministic teacher (an
+  SFT model that answers with the answer alone: every other token scores several nats below zero, and
+  pushing them down collapses the answers; docs/benchmarks.md); its asymmetric form (``aopd``) does
+  not. It began at the first step of the final stretch below that line.
 """
 
 from __future__ import annotations
@@ -39,11 +46,12 @@ class Thresholds:
     length_rise: float = 0.2
     entropy_fraction: float = 0.1
     unseen_fraction: float = 0.5
+    gap_fall: float = 1.0
 
 
 @dataclass(frozen=True)
 class Flag:
-    kind: str  # eval_below_start | rising | entropy_collapse | nothing_to_act_on
+    kind: str  # eval_below_start | rising | entropy_collapse | nothing_to_act_on | leaving_the_teacher
     metric: str
     step: int  # where it began
     detail: str
@@ -114,6 +122,20 @@ def entropy_collapse(rows: Sequence[dict[str, Any]], t: Thresholds = Thresholds(
                 f"collapsed to {e[-1]:.3g}, below {t.entropy_fraction:.0%} of its start {start:.3g}")
 
 
+def leaving_the_teacher(rows: Sequence[dict[str, Any]], t: Thresholds = Thresholds()) -> Flag | None:
+    steps, gap = series(rows, GAP_KEY)
+    if gap.size < 4:
+        return None
+    start = float(gap[:3].mean())
+    line = start - t.gap_fall
+    if not gap[-1] < line:
+        return None
+    return Flag("leaving_the_teacher", GAP_KEY, _final_stretch(steps, gap < line),
+                f"the policy moves away from its teacher: the gap fell from {start:.2f} to {gap[-1]:.2f} nats a "
+                "token; under a near-deterministic teacher use distill.method=aopd")
+
+
+GAP_KEY = "distill/gap"
 UNSEEN_KEY = "selected/unseen_fraction"
 NON_ADAPTIVE = ("uniform",)  # selectors that read nothing from the store: unseen prompts are no problem
 
@@ -139,8 +161,8 @@ def selector_of(config: dict[str, Any]) -> str | None:
 
 
 def check(rows: Sequence[dict[str, Any]], t: Thresholds = Thresholds(), selector: str | None = None) -> list[Flag]:
-    """Every flag of a run, in the order: eval, truncation, length, entropy, selection (`selector`: the
+    """Every flag of a run, in the order: eval, truncation, length, entropy, selection, distillation (`selector`: the
     run's selector by name, `selector_of(config)`; None skips the selection check)."""
     found = [eval_below_start(rows, t), rising(rows, "truncated_fraction", t), rising(rows, "response_length", t),
-             entropy_collapse(rows, t), nothing_to_act_on(rows, selector, t)]
+             entropy_collapse(rows, t), nothing_to_act_on(rows, selector, t), leaving_the_teacher(rows, t)]
     return [f for f in found if f is not None]
