@@ -22,8 +22,9 @@ The defaults (6 problems a share, 40 held-out a share, 12k sampled tokens, evals
         --seeds 0,1,2,3,4 --threads 1 [--report-only --partial] [--out bench/out/campaign.json]
 
 `--teacher <a model adarl trained>` adds methods `opd`, on-policy distillation from it (the ladder's best rung on
-addition), and `aopd`, its asymmetric form (stable with a near-deterministic teacher); their teacher is not in
-the run key, so name `--results` apart when you change it.
+addition), and `aopd`, its asymmetric form; their teacher is not in the run key, so name `--results` apart when
+you change it. A teacher must answer the student's way: an SFT model of bare answers collapses both
+(docs/benchmarks.md).
 
 `--teacher-data DIR --teacher-pool-size N` trains nothing: it writes a teacher's SFT data for the pool, the
 pool cut at N problems (per share) with none of the campaign's held-out problems (`DIR/train.jsonl`), and

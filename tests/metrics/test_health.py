@@ -87,7 +87,7 @@ def test_leaving_the_teacher():
     r = rows(**{"distill/gap": [None, -2.0, -2.5, -3.0, -3.4, -4.0, -5.5]})
     flag = health.leaving_the_teacher(r)
     assert flag is not None and flag.step == 5 and flag.metric == "distill/gap"
-    assert "fell from -2.50 to -5.50 nats" in flag.detail and "aopd" in flag.detail
+    assert "fell from -2.50 to -5.50 nats" in flag.detail and "answers in the policy's own way" in flag.detail
     # a healthy distillation: the gap rises towards 0
     assert health.leaving_the_teacher(rows(**{"distill/gap": [-0.5, -0.4, -0.3, -0.1, -0.05]})) is None
     # -3.4 at the end is above the line: not flagged

@@ -20,10 +20,10 @@ Each check returns a `Flag` naming the metric, what happened and the step where 
 - ``leaving_the_teacher``: a distillation run's ``distill/gap`` (the teacher's log-prob minus the
   policy's on the policy's own tokens, mean per token) ends more than `gap_fall` (1.0 nat) below its
   start, the mean of the first three logged values: the policy moves away from its teacher instead of
-  towards it. On-policy distillation's sampled form does this under a near-deterministic teacher (an
-  SFT model that answers with the answer alone: every other token scores several nats below zero, and
-  pushing them down collapses the answers; docs/benchmarks.md); its asymmetric form (``aopd``) does
-  not. It began at the first step of the final stretch below that line.
+  towards it. On-policy distillation (``opd`` and ``aopd`` alike) does this under a teacher that does not
+  answer the policy's way (an SFT model that answers with the number alone gives the policy's first
+  tokens 11-27 nats less than the policy does, and the answers collapse; docs/benchmarks.md). It began
+  at the first step of the final stretch below that line.
 """
 
 from __future__ import annotations
@@ -122,6 +122,9 @@ def entropy_collapse(rows: Sequence[dict[str, Any]], t: Thresholds = Thresholds(
                 f"collapsed to {e[-1]:.3g}, below {t.entropy_fraction:.0%} of its start {start:.3g}")
 
 
+GAP_KEY = "distill/gap"
+
+
 def leaving_the_teacher(rows: Sequence[dict[str, Any]], t: Thresholds = Thresholds()) -> Flag | None:
     steps, gap = series(rows, GAP_KEY)
     if gap.size < 4:
@@ -132,10 +135,10 @@ def leaving_the_teacher(rows: Sequence[dict[str, Any]], t: Thresholds = Threshol
         return None
     return Flag("leaving_the_teacher", GAP_KEY, _final_stretch(steps, gap < line),
                 f"the policy moves away from its teacher: the gap fell from {start:.2f} to {gap[-1]:.2f} nats a "
-                "token; under a near-deterministic teacher use distill.method=aopd")
+                "token; a teacher that answers in the policy's own way (an RL-trained model, not SFT on bare "
+                "answers) keeps it near 0")
 
 
-GAP_KEY = "distill/gap"
 UNSEEN_KEY = "selected/unseen_fraction"
 NON_ADAPTIVE = ("uniform",)  # selectors that read nothing from the store: unseen prompts are no problem
 
