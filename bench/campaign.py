@@ -133,14 +133,20 @@ def tokens_ratio_table(pool: str, curves: dict[str, list], done: dict[str, list[
     return rows
 
 
-def training_pool(pool: str, args: argparse.Namespace) -> list:
-    """The cut pool's training problems, as every run builds them (the same for every seed: `task.data_seed`).
-    A share may hold fewer than `--pool-size` (1-digit additions have 100 distinct problems, some held out)."""
+def cut_task(pool: str, size: int, eval_per_share: int):  # -> adarl.tasks.base.TaskSource
+    """The pool cut to `size` training and `eval_per_share` held-out problems (per share), as every run builds
+    it (the same for every seed: `task.data_seed`)."""
     from adarl.config import load_recipe
     from adarl.tasks import build_task
 
-    cut, _, _ = pool_overrides(POOLS[pool], args.pool_size, args.eval_per_share)
-    return build_task(load_recipe(ROOT / "recipes" / f"{POOLS[pool].recipe}.yaml", cut).task).train
+    cut, _, _ = pool_overrides(POOLS[pool], size, eval_per_share)
+    return build_task(load_recipe(ROOT / "recipes" / f"{POOLS[pool].recipe}.yaml", cut).task)
+
+
+def training_pool(pool: str, args: argparse.Namespace) -> list:
+    """The cut pool's training problems, as every run builds them. A share may hold fewer than `--pool-size`
+    (1-digit additions have 100 distinct problems, some held out)."""
+    return cut_task(pool, args.pool_size, args.eval_per_share).train
 
 
 
@@ -149,18 +155,10 @@ def write_teacher_data(pool: str, args: argparse.Namespace, out: Path, size: int
     of the campaign's held-out set by id or prompt) and `out`/heldout.jsonl (that held-out set); returns
     their lengths. The campaign's held-out set depends on the cut (`pool_overrides`), so a wider cut's
     training problems hold some of it: they are the ones left out."""
-    from adarl.config import load_recipe
-    from adarl.tasks import build_task
-
-    def problems(cut_size: int, eval_per_share: int) -> tuple[list, list]:
-        cut, _, _ = pool_overrides(POOLS[pool], cut_size, eval_per_share)
-        task = build_task(load_recipe(ROOT / "recipes" / f"{POOLS[pool].recipe}.yaml", cut).task)
-        return task.train, task.eval
-
-    _, held_out = problems(args.pool_size, args.eval_per_share)
+    held_out = cut_task(pool, args.pool_size, args.eval_per_share).eval
     seen = {p.id for p in held_out} | {json.dumps(p.prompt) for p in held_out}
-    wide_train, wide_eval = problems(size, args.eval_per_share)
-    train = [p for p in wide_train + wide_eval if p.id not in seen and json.dumps(p.prompt) not in seen]
+    wide = cut_task(pool, size, args.eval_per_share)
+    train = [p for p in wide.train + wide.eval if p.id not in seen and json.dumps(p.prompt) not in seen]
 
     def row(p) -> str:
         return json.dumps({"id": p.id, "prompt": p.prompt, "answer": p.answer,
