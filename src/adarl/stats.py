@@ -117,6 +117,7 @@ def paired(values: dict[int, float | None], baseline: dict[int, float | None], t
     wins = sum(sign * d > tie for d in diffs.values())
     losses = sum(sign * d < -tie for d in diffs.values())
     stat = mean_ci(list(diffs.values()))
+    stat["p"] = t_test_p(list(diffs.values()))
     verdict = "n/a"
     if stat["ci95"] is not None:
         lo, hi = stat["ci95"]
@@ -124,3 +125,32 @@ def paired(values: dict[int, float | None], baseline: dict[int, float | None], t
         verdict = ("better" if sign * (lo + hi) > 0 else "worse") if excludes_zero else "no winner"
     return {"per_seed": diffs, **stat, "wins": wins, "losses": losses, "ties": len(diffs) - wins - losses,
             "verdict": verdict}
+
+
+def t_test_p(values: Sequence[float]) -> float | None:
+    """The two-sided p value of the one-sample t test of mean 0 (None below 2 values). All values equal: 1 when
+    they are 0, else 0 (no spread, a nonzero mean)."""
+    x = [float(v) for v in values]
+    if len(x) < 2:
+        return None
+    mean = math.fsum(x) / len(x)
+    s = math.sqrt(math.fsum((v - mean) ** 2 for v in x) / (len(x) - 1))
+    if s == 0:
+        return 1.0 if mean == 0 else 0.0
+    t = abs(mean) / (s / math.sqrt(len(x)))
+    return min(1.0, 2 * (1 - t_cdf(t, len(x) - 1)))
+
+
+def holm(p_values: dict[str, float | None], alpha: float = 0.05) -> dict[str, dict[str, Any]]:
+    """Holm's step-down correction over a family of tests: sort the m p values ascending, multiply the i-th
+    (from 0) by m − i, carry the running maximum (so adjusted p values keep the order), cap at 1; a test is
+    rejected when its adjusted p ≤ `alpha`. This holds the family-wise error rate at `alpha` (Holm 1979).
+    A None p (too few seeds) is left out of the family. Per key: ``holm_p`` and ``holm_verdict``
+    (``reject`` / ``keep`` / ``n/a``)."""
+    tested = sorted((p, k) for k, p in p_values.items() if p is not None)
+    out: dict[str, dict[str, Any]] = {k: {"holm_p": None, "holm_verdict": "n/a"} for k in p_values}
+    running = 0.0
+    for i, (p, k) in enumerate(tested):
+        running = max(running, min(1.0, (len(tested) - i) * p))
+        out[k] = {"holm_p": running, "holm_verdict": "reject" if running <= alpha else "keep"}
+    return out

@@ -12,7 +12,7 @@ import pytest
 
 import adarl.comparison as comparison
 from adarl.config import TaskConfig, load_recipe
-from adarl.stats import mean_ci, paired, t_quantile, wilson
+from adarl.stats import holm, mean_ci, paired, t_quantile, t_test_p, wilson
 from adarl.tasks import build_task
 
 # ---------------------------------------------------------------- paired differences
@@ -185,3 +185,23 @@ def test_trainers_with_two_seeds_share_the_held_out_set_but_not_the_order(tiny_m
 def test_mean_ci_ignores_missing_values():
     # None is a missing run, not a zero: mean of 0.4 and 0.6 is 0.5
     assert mean_ci([0.4, None, 0.6])["mean"] == pytest.approx(0.5) and mean_ci([0.4, None, 0.6])["n"] == 2
+
+
+def test_holm_step_down_by_hand():
+    # p = a 0.01, b 0.04, c 0.03 (m = 3): sorted a, c, b; adjusted a 3 x 0.01 = 0.03, c max(0.03, 2 x 0.03) = 0.06,
+    # b max(0.06, 1 x 0.04) = 0.06 (the running maximum keeps the order); only a is rejected at 0.05
+    out = holm({"a": 0.01, "b": 0.04, "c": 0.03})
+    assert {k: round(v["holm_p"], 12) for k, v in out.items()} == {"a": 0.03, "b": 0.06, "c": 0.06}
+    assert {k: v["holm_verdict"] for k, v in out.items()} == {"a": "reject", "b": "keep", "c": "keep"}
+    # uncorrected, b and c would pass at 0.05; a test with too few seeds leaves the family
+    out = holm({"a": 0.5, "b": None, "c": 0.02})
+    assert out["c"]["holm_p"] == pytest.approx(0.04) and out["b"] == {"holm_p": None, "holm_verdict": "n/a"}
+    # b 2 x 0.8 capped at 1; a max(1, 0.9) = 1: the running maximum, not a's own 0.9
+    assert holm({"a": 0.9, "b": 0.8})["a"]["holm_p"] == 1.0
+
+
+def test_paired_t_test_p_value_by_hand():
+    # diffs 1, 2, 3: mean 2, s 1, t = 2 sqrt(3) on 2 dof; P(T <= t) = 1/2 + t / (2 sqrt(2 + t^2)) = 0.962910
+    assert t_test_p([1.0, 2.0, 3.0]) == pytest.approx(2 * (1 - (0.5 + 12**0.5 / (2 * 14**0.5))), rel=1e-9)
+    assert paired({0: 1.0, 1: 2.0, 2: 3.0}, {0: 0.0, 1: 0.0, 2: 0.0})["p"] == pytest.approx(0.074180, abs=1e-6)
+    assert t_test_p([0.0, 0.0]) == 1.0 and t_test_p([0.1, 0.1]) == 0.0 and t_test_p([0.3]) is None

@@ -58,6 +58,9 @@ class TrainConfig(Section):
 
 class EvalConfig(Section):
     every: int = Field(10, ge=0)  # steps; 0 = only before and after training
+    # sampled tokens: evaluate at the first step whose token count reaches each multiple of this, so runs
+    # that spend tokens at different rates are evaluated at the same token points (0 = by steps only)
+    every_tokens: int = Field(0, ge=0)
     size: int | None = Field(None, gt=0)  # held-out problems evaluated (default: all of task.eval_size)
     samples: int = Field(0, ge=0, le=100_000)  # sampled completions per problem for mean@k (0 = greedy only)
     max_new_tokens: int | None = Field(None, gt=0, le=1_000_000)  # None: as training (an agent: max_context_tokens)

@@ -123,6 +123,13 @@ def load_state(t: Any, state: dict[str, Any]) -> None:
 def _due(t: Any, every: int) -> bool:
     return (every > 0 and t.step % every == 0) or t.done()
 
+
+def _eval_due(t: Any, tokens_before: int) -> bool:
+    """By steps (`eval.every`), and where the step crossed a multiple of `eval.every_tokens` sampled tokens."""
+    per = t.recipe.eval.every_tokens
+    crossed = per > 0 and t.budget.total_tokens // per > tokens_before // per
+    return crossed or _due(t, t.recipe.eval.every)
+
 def run(t: Any, resume: bool = False, callbacks: Sequence[Any] = ()) -> dict[str, float]:
     """Train to the end of the budget (or until a callback asks to stop); the last metrics row.
 
@@ -153,10 +160,11 @@ def run(t: Any, resume: bool = False, callbacks: Sequence[Any] = ()) -> dict[str
         with Progress(t.recipe.budget.max_steps, enabled=t.recipe.log.progress, start_step=t.step,
                       total_tokens=t.recipe.budget.max_tokens) as progress:
             while not t.done():
+                tokens_before = t.budget.total_tokens
                 row = {"step": t.step + 1, **first, **t.train_step()}
                 release_memory()
                 first = {}
-                if _due(t, t.recipe.eval.every):
+                if _eval_due(t, tokens_before):
                     row.update(evaluate(t))
                 t.wall_offset = row["wall_s"] = time.perf_counter() - t_start
                 crash_point("metrics", t.step)
@@ -221,11 +229,11 @@ def resume_from_checkpoint(t: Any) -> bool:
         return False
     try:
         if checkpoint.is_sharded(path):  # written by a sharded learner: loads at any world size
-            state = torch.load(path / "state.pt", weights_only=False)
+            state = checkpoint.read(path / "state.pt")
             t.learner.load_sharded(path / checkpoint.SHARDED, state)
             t.generator.load_weights(t.learner.weights())
         elif t.learner.sharded:  # written by one process: rank 0 reads it, the ranks shard it
-            state = torch.load(path / "state.pt", weights_only=False)
+            state = checkpoint.read(path / "state.pt")
             t.learner.load_whole(path, state)
             t.generator.load_weights(t.learner.weights())
         else:
