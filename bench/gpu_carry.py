@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT / "src"))
 MANIFEST = "manifest.json"
 #: what adarl imports on the GPU machine that its image lacks (the machine's package list: KINDS.md)
 WHEELS = ("pydantic==2.14.3", "pydantic-core==2.50.4", "annotated-types==0.8.0", "typing-inspection==0.4.5",
-          "gguf==0.19.0")
+          "gguf==0.19.0", "typing-extensions>=4.16")
 
 
 class CarryError(Exception):
