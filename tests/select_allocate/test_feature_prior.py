@@ -141,3 +141,37 @@ def test_a_run_with_it_logs_what_it_fitted(tiny_model_dir, tmp_path, monkeypatch
     # selected before any group (nothing fitted), then after step 1's four prompts
     assert [r["select/fitted_prompts"] for r in rows] == [0, 4]
     assert all(0.0 <= r["select/predicted_pass_mean"] <= 1.0 for r in rows)
+
+
+class FixedDraw:
+    """A generator whose standard-normal draw is given (the Thompson draw z); everything else is a real one's."""
+
+    def __init__(self, z: np.ndarray, seed: int = 0):
+        self.z, self.rng = z, np.random.default_rng(seed)
+
+    def standard_normal(self, size: int) -> np.ndarray:
+        assert size == len(self.z)
+        return self.z.copy()
+
+    def __getattr__(self, name: str):
+        return getattr(self.rng, name)
+
+
+def test_selection_follows_the_thompson_draw_not_the_posterior_mean():
+    """select scores the candidates at w̃ = ŵ + s·L·z (L the Cholesky factor of Σ), not at ŵ. Unseen prompts
+    (n = 0) have p̃ = σ(x·w): with ŵ putting share a at x·ŵ = 0 (p 1/2, the largest signal) and share b at
+    x·ŵ = 3, and a draw z that swaps them (x·w̃ = 3 on a, 0 on b), Thompson sampling takes share b; greedy on
+    ŵ (exploration 0, or a selector that dropped the draw) takes share a."""
+    problems = [Problem(f"q{i}", f"Question {i:03d}", columns={"share": "ab"[i % 2]}) for i in range(10)]
+    store = store_of(problems)
+    fp = FeaturePrior()
+    x = fp.features(store)
+    is_a = np.array([p.columns["share"] == "a" for p in problems])
+    mean = np.linalg.lstsq(x, np.where(is_a, 0.0, 3.0), rcond=None)[0]
+    z = np.linalg.lstsq(x, np.where(is_a, 3.0, -3.0), rcond=None)[0]
+    assert np.allclose(x @ (mean + z), np.where(is_a, 3.0, 0.0))  # the features can express the swap
+    for s, expected in ((1.0, ~is_a), (0.0, is_a)):
+        fp = FeaturePrior(exploration=s)
+        fp.coef, fp.cov = mean, np.eye(len(mean))  # Σ = I: L = I, w̃ = ŵ + s z
+        chosen = fp.select(store, 5, FixedDraw(z))
+        assert sorted(chosen) == np.flatnonzero(expected).tolist(), s
