@@ -294,6 +294,11 @@ def compare(
         "--ray", help="run the runs as Ray tasks on the cluster at this address (e.g. auto); needs the ray "
                       "package and a shared filesystem")] = None,
     report: Annotated[bool, typer.Option("--report/--no-report", help="write OUT/report.html")] = True,
+    eval_points: Annotated[int, typer.Option(
+        "--eval-points", min=0, max=10_000,
+        help="evaluate every run at the same sampled-token points, budget/N apart (eval.every_tokens); 0 keeps "
+             "each recipe's eval.every (steps), which gives a recipe that spends more tokens a step fewer "
+             "points")] = 10,
     keep_checkpoints: Annotated[bool, typer.Option(
         "--keep-checkpoints", help="keep each finished run's checkpoints/ (weights + optimizer state, about 3x "
                                    "the model's size); by default only final/ and the metrics are kept")] = False,
@@ -310,7 +315,7 @@ def compare(
         except ImportError:
             _fail("--ray needs the ray package: pip install 'adarl[ray]' (without --ray, runs are sequential)")
     try:
-        jobs = cmp.plan(recipes, range(seeds), budget_tokens, Path("."), set_ or [])
+        jobs = cmp.plan(recipes, range(seeds), budget_tokens, Path("."), set_ or [], eval_points)
         names = list(dict.fromkeys(j.name for j in jobs))
         comparison.pick_baseline(names, baseline, [str(next(j.recipe for j in jobs if j.name == n)) for n in names])
         for r in recipes:  # fail fast on a callable reward that does not import
@@ -327,7 +332,7 @@ def compare(
                f"{budget_tokens} generated tokens each, in {out}")
     result = cmp.compare(recipes, seeds, budget_tokens, out, extra=set_ or [], target=target,
                          target_gain=target_gain, baseline=baseline, ray_address=ray_address, echo=typer.echo,
-                         keep_checkpoints=keep_checkpoints)
+                         keep_checkpoints=keep_checkpoints, eval_points=eval_points)
     console = Console()
     for t in comparison.tables(result):
         console.print(t)

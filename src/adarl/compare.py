@@ -29,6 +29,7 @@ from adarl.runs import COMPARISON_FILE
 
 PASS1 = "eval/pass@1"
 TARGET_GAIN = 0.1
+EVAL_POINTS = 10  # evaluations at fixed sampled-token points over the budget (plan)
 
 
 # ---------------------------------------------------------------- running
@@ -55,15 +56,21 @@ def run_state(run_dir: Path) -> str:
 
 
 def plan(recipes: Sequence[str | Path], seeds: Sequence[int], budget_tokens: int, out: Path,
-         extra: Sequence[str] = ()) -> list[Job]:
-    """One job per (recipe, seed); every recipe is validated first (RecipeError on a problem)."""
+         extra: Sequence[str] = (), eval_points: int = EVAL_POINTS) -> list[Job]:
+    """One job per (recipe, seed); every recipe is validated first (RecipeError on a problem).
+
+    `eval_points` > 0: every run evaluates where its sampled tokens first reach each multiple of
+    budget / `eval_points` (`eval.every_tokens`, `eval.every: 0`), so every recipe's curve and AUC rest on
+    the same token points whatever its tokens per step; 0 keeps each recipe's `eval.every` (steps). An
+    `eval.*` key in `extra` still wins."""
     from adarl.config import RecipeError, load_recipe
 
     names: list[str] = []
     loaded = []
     data_seeds = []
+    points = [f"eval.every_tokens={max(1, budget_tokens // eval_points)}", "eval.every=0"] if eval_points else []
     for path in recipes:
-        base = [*extra, f"budget.max_tokens={budget_tokens}", "budget.max_steps=null"]
+        base = [*points, *extra, f"budget.max_tokens={budget_tokens}", "budget.max_steps=null"]
         recipe = load_recipe(path, base)
         loaded.append((Path(path), base))
         names.append(recipe.name)
@@ -206,15 +213,16 @@ def write_comparison(out: Path, result: dict[str, Any]) -> Path:
 def compare(recipes: Sequence[str | Path], seeds: int, budget_tokens: int, out: Path, *, extra: Sequence[str] = (),
             target: float | None = None, target_gain: float = TARGET_GAIN, baseline: str | None = None,
             ray_address: str | None = None, echo: Callable[[str], None] = print,
-            keep_checkpoints: bool = False) -> dict[str, Any]:
+            keep_checkpoints: bool = False, eval_points: int = EVAL_POINTS) -> dict[str, Any]:
     """Run (or resume) the comparison, then aggregate it into ``OUT/comparison.json``."""
     out = Path(out)
-    jobs = plan(recipes, range(seeds), budget_tokens, out, extra)
+    jobs = plan(recipes, range(seeds), budget_tokens, out, extra, eval_points)
     names = list(dict.fromkeys(j.name for j in jobs))
     paths = [str(next(j.recipe for j in jobs if j.name == n)) for n in names]
     base = pick_baseline(names, baseline, paths)
     out.mkdir(parents=True, exist_ok=True)
     header = {"budget_tokens": budget_tokens, "seeds": list(range(seeds)), "extra_overrides": list(extra),
+              "eval_points": eval_points,
               "baseline": base, "target": {"pass@1": target, "gain": None if target is not None else target_gain},
               "recipes": [{"name": n, "path": p} for n, p in zip(names, paths, strict=True)]}
     write_comparison(out, header)  # the recipe order and settings, for an interrupted comparison's report

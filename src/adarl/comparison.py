@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from adarl.runs import COMPARISON_FILE, find_runs, load_run
-from adarl.stats import mean_ci, paired, wilson
+from adarl.stats import holm, mean_ci, paired, wilson
 
 PASS1 = "eval/pass@1"
 TARGET_GAIN = 0.1
@@ -231,6 +231,11 @@ def aggregate(groups: dict[str, list[RunSummary]], target: float | None = None,
             continue
         ref = by_name[base]
         rec["vs_baseline"] = {key: paired(by_seed(rec, key), by_seed(ref, key)) for key in ("pass@1_at_budget", "auc")}
+    # Holm over the recipes compared with the baseline, each metric its own family of tests
+    for key in ("pass@1_at_budget", "auc"):
+        tested = {rec["name"]: rec["vs_baseline"][key] for rec in recipes if rec["vs_baseline"] is not None}
+        for name, adjusted in holm({n: t["p"] for n, t in tested.items()}).items():
+            tested[name].update(adjusted)
     rule = f"given pass@1 {target:.3f}" if target is not None else f"each seed's start + {target_gain:g}"
     return {
         "budget_tokens": budget_tokens,
@@ -338,17 +343,27 @@ def summary_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
 def paired_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the paired differences to the baseline (same seed, same held-out problems)."""
     at = fmt_tokens(result.get("equal_tokens_at"))
-    header = ["recipe", "paired seeds", f"Δ pass@1 at {at} [95% CI] W/L/T", "verdict", "Δ AUC [95% CI] W/L/T",
-              "verdict (AUC)"]
+    header = ["recipe", "paired seeds", f"Δ pass@1 at {at} [95% CI] W/L/T", "verdict", "Holm", "Δ AUC [95% CI] W/L/T",
+              "verdict (AUC)", "Holm (AUC)"]
     rows = []
     for r in result["recipes"]:
         vs = r.get("vs_baseline")
         if vs is None:
             continue
         p, a = vs["pass@1_at_budget"], vs["auc"]
-        rows.append([r["name"], str(p["n"]), fmt_paired(p), VERDICT[p["verdict"]], fmt_paired(a),
-                     VERDICT[a["verdict"]]])
+        rows.append([r["name"], str(p["n"]), fmt_paired(p), VERDICT[p["verdict"]], fmt_holm(p), fmt_paired(a),
+                     VERDICT[a["verdict"]], fmt_holm(a)])
     return header, rows
+
+
+def fmt_holm(p: dict[str, Any]) -> str:
+    """The raw and Holm-adjusted p values and the corrected verdict (comparisons saved before Holm have none)."""
+    if p.get("holm_p") is None:
+        return "-"
+    return f"p {p['p']:.3f} → {p['holm_p']:.3f}: {HOLM[p['holm_verdict']]}"
+
+
+HOLM = {"reject": "differs", "keep": "not shown"}
 
 
 def seed_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
@@ -431,7 +446,10 @@ NOTES = (
     "reaches the target, by B; seeds that do not are 'not reached' and are left out of the mean, which is over "
     "the seeds that reached it. Intervals over seeds are 95% Student-t, mean ± t(0.975, n−1)·s/√n. Δ: per seed, "
     "the recipe minus the baseline with the same seed; W/L/T counts seeds. A recipe is called better or worse "
-    "only when the interval of Δ excludes 0. A run's own pass@1 carries the Wilson 95% interval of a "
+    "only when the interval of Δ excludes 0. Holm: the paired t test's two-sided p, then Holm's step-down "
+    "adjustment over the recipes compared with the baseline (each metric its own family; α 0.05): with several "
+    "recipes, an interval that excludes 0 by chance is likely somewhere, and 'differs' holds the chance of any "
+    "such claim at 5%. A run's own pass@1 carries the Wilson 95% interval of a "
     "proportion on its n held-out problems. Only finished runs count. Mechanism: per run, the unseen fraction "
     "(prompts chosen before any visit), visits per selected prompt and the selected pass estimate are means "
     "over its steps; the pool visited, the wasted token fraction (tokens of groups with equal rewards over "

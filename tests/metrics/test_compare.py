@@ -185,8 +185,12 @@ def test_aggregate_synthetic_comparison(tmp_path):
     assert rows[1][:3] == ["B", "2/3", "0.650 [0.438, 0.862]"] and rows[1][9] == "ok"
     assert header[2] == "pass@1 at 400 [95% CI]" and header[4] == "tokens to start + 0.1"
     header, rows = comparison.paired_rows(result)
+    # Holm: diffs 1/6 and 1/30 give t = 0.1 / (0.0942809 / sqrt 2) = 1.5 on 1 dof, P(T <= t) = 1/2 + atan(1.5)/pi
+    # = 0.81283, p = 0.374; one recipe against the baseline is a family of one, so Holm leaves it as it is
     assert rows == [["B", "2", "+0.100 [-0.747, +0.947] 2/0/0", "no winner (interval spans 0)",
-                     "+0.056 [-1.082, +1.195] 1/1/0", "no winner (interval spans 0)"]]
+                     "p 0.374 → 0.374: not shown", "+0.056 [-1.082, +1.195] 1/1/0", "no winner (interval spans 0)",
+                     rows[0][7]]]
+    assert rows[0][7].endswith(": not shown") and header[4] == "Holm"
     header, rows = comparison.seed_rows(result)
     assert rows[0][3] == "0.500 [0.366, 0.634]" and rows[0][4] == "50"  # Wilson on the 50 held-out problems
 
@@ -239,9 +243,14 @@ def test_plan_sets_seed_and_token_budget(tmp_path):
                     tmp_path / "out", ["eval.every=2"])
     assert [(j.name, j.seed, j.run_dir.relative_to(tmp_path / "out").as_posix()) for j in jobs] == [
         ("a", 0, "a/seed0"), ("a", 1, "a/seed1"), ("b", 0, "b/seed0"), ("b", 1, "b/seed1")]
-    assert jobs[1].overrides == ["seed=1", "eval.every=2", "budget.max_tokens=5000", "budget.max_steps=null"]
+    # every run evaluates at the same 10 token points (5000 / 10 = 500 apart); the user's eval.every=2 comes after
+    assert jobs[1].overrides == ["seed=1", "eval.every_tokens=500", "eval.every=0", "eval.every=2",
+                                 "budget.max_tokens=5000", "budget.max_steps=null"]
     recipe = load_recipe(jobs[1].recipe, jobs[1].overrides)  # what the run will train with
     assert recipe.seed == 1 and recipe.budget.max_tokens == 5000 and recipe.budget.max_steps is None
+    assert recipe.eval.every_tokens == 500 and recipe.eval.every == 2
+    steps = cmp.plan([_recipe_file(tmp_path, "a")], range(1), 5000, tmp_path / "out", [], eval_points=0)
+    assert steps[0].overrides == ["seed=0", "budget.max_tokens=5000", "budget.max_steps=null"]  # the recipe's own
 
 
 def test_plan_refuses_recipes_on_different_held_out_sets(tmp_path):
@@ -302,8 +311,8 @@ def test_rerun_skips_finished_resumes_checkpointed_restarts_the_rest(tmp_path):
     assert status == {done: "skipped", ckpt: "resumed", crashed: "finished", fresh: "failed (1)"}
     assert len(calls) == 3
     assert calls[0][-3:] == ["train", "--resume", str(ckpt)]
-    assert calls[1][-7:] == ["train", str(recipe), "seed=2", "budget.max_tokens=500", "budget.max_steps=null",
-                             "--run-dir", str(crashed)]
+    assert calls[1][-9:] == ["train", str(recipe), "seed=2", "eval.every_tokens=50", "eval.every=0",
+                             "budget.max_tokens=500", "budget.max_steps=null", "--run-dir", str(crashed)]
     assert (crashed / "train.log").read_text() == "first attempt\n"  # the log survives the restart
     assert any("skipped" in line for line in lines) and any("FAILED" in line for line in lines)
     # a run finished in this invocation loses its checkpoints (3x the model); final/ and the metrics stay
