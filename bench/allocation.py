@@ -82,7 +82,7 @@ def paired_task(task: str, curves: dict[str, list], seeds_of: dict[str, list[int
     """Per-seed differences to uniform (same seed: same held-out problems) at `budget` tokens and in
     normalised AUC, with t intervals over seeds; a method is better only when its interval excludes 0."""
     from adarl.comparison import at_tokens, normalised_auc
-    from adarl.stats import paired
+    from adarl.stats import holm, paired
 
     baseline = "uniform" if "uniform" in curves else next(iter(curves))
 
@@ -97,23 +97,30 @@ def paired_task(task: str, curves: dict[str, list], seeds_of: dict[str, list[int
         return normalised_auc(c, budget)
 
     base_at, base_auc = per_seed(baseline, at_budget), per_seed(baseline, auc)
-    print(f"\n#### {task}: paired differences to {baseline} at {budget:,} tokens (same seed, same held-out set)\n")
-    print("| method | paired seeds | Δ pass@1 at budget [95% CI] | W/L/T | verdict "
-          "| Δ AUC [95% CI] | W/L/T | verdict |")
-    print("|---|---|---|---|---|---|---|---|")
+    tests = {m: (paired(per_seed(m, at_budget), base_at), paired(per_seed(m, auc), base_auc))
+             for m in curves if m != baseline}
+    # Holm over the methods compared with the baseline, each metric its own family
+    for i in (0, 1):
+        for m, adjusted in holm({m: t[i]["p"] for m, t in tests.items()}).items():
+            tests[m][i].update(adjusted)
+    print(f"\n#### {task}: paired differences to {baseline} at {budget:,} tokens (same seed, same held-out set; "
+          f"Holm over the {len(tests)} methods)\n")
+    print("| method | paired seeds | Δ pass@1 at budget [95% CI] | W/L/T | verdict | Holm p | "
+          "Δ AUC [95% CI] | W/L/T | verdict | Holm p |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+
+    def cell(x):
+        ci = x.get("ci95")
+        interval = f" [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else ""
+        return f"{x['mean']:+.3f}{interval}" if x.get("mean") is not None else "-"
+
+    def holm_cell(x):
+        return f"{x['holm_p']:.3f} ({x['holm_verdict']})" if x.get("holm_p") is not None else "-"
+
     rows = []
-    for m in curves:
-        if m == baseline:
-            continue
-        p, a = paired(per_seed(m, at_budget), base_at), paired(per_seed(m, auc), base_auc)
-
-        def cell(x):
-            ci = x.get("ci95")
-            interval = f" [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else ""
-            return f"{x['mean']:+.3f}{interval}" if x.get("mean") is not None else "-"
-
+    for m, (p, a) in tests.items():
         print(f"| {m} | {p['n']} | {cell(p)} | {p['wins']}/{p['losses']}/{p['ties']} | {p['verdict']} | "
-              f"{cell(a)} | {a['wins']}/{a['losses']}/{a['ties']} | {a['verdict']} |")
+              f"{holm_cell(p)} | {cell(a)} | {a['wins']}/{a['losses']}/{a['ties']} | {a['verdict']} | {holm_cell(a)} |")
         rows.append({"method": m, "pass@1_at_budget": p, "auc": a})
     return rows
 

@@ -23,8 +23,9 @@ The defaults (6 problems a share, 40 held-out a share, 12k sampled tokens, evals
 
 `--teacher <a model adarl trained>` adds methods `opd`, on-policy distillation from it (the ladder's best rung on
 addition), and `aopd`, its asymmetric form; their teacher is not in the run key, so name `--results` apart when
-you change it. A teacher must answer the student's way: an SFT model of bare answers collapses both
-(docs/benchmarks.md).
+you change it. The tokens that trained the teacher (its run's metrics, or `--teacher-tokens`) are charged to them
+in a second row of the tokens table: a teacher is not free. A teacher must answer the student's way: an SFT
+model of bare answers collapses both (docs/benchmarks.md).
 
 `--teacher-data DIR --teacher-pool-size N` trains nothing: it writes a teacher's SFT data for the pool, the
 pool cut at N problems (per share) with none of the campaign's held-out problems (`DIR/train.jsonl`), and
@@ -87,12 +88,14 @@ def pool_overrides(pool: Pool, size: int, eval_per_share: int) -> tuple[list[str
 
 
 def run_key(pool: str, args: argparse.Namespace) -> str:
-    return f"{pool}/n{args.pool_size}-e{args.eval_per_share}-b{args.budget_tokens}"
+    by_tokens = f"-t{args.eval_every_tokens}" if args.eval_every_tokens else ""  # evaluated at fixed token points
+    return f"{pool}/n{args.pool_size}-e{args.eval_per_share}-b{args.budget_tokens}{by_tokens}"
 
 
 def run_one(pool: str, method: str, seed: int, args: argparse.Namespace) -> list[dict] | None:
     cut, _, held_out = pool_overrides(POOLS[pool], args.pool_size, args.eval_per_share)
-    overrides = (budget_overrides(seed, args.budget_tokens, args.eval_every, held_out, args.threads) + cut
+    overrides = (budget_overrides(seed, args.budget_tokens, args.eval_every, held_out, args.threads,
+                                  args.eval_every_tokens) + cut
                  + CAMPAIGN_METHODS[method] + args.extra)
     where = Path(run_key(pool, args)) / method / f"seed{seed}"
     rows = train_run(str(ROOT / "recipes" / f"{POOLS[pool].recipe}.yaml"), overrides, Path(args.runs) / where,
@@ -104,21 +107,25 @@ def run_one(pool: str, method: str, seed: int, args: argparse.Namespace) -> list
     return rows
 
 
-def tokens_ratio_table(pool: str, curves: dict[str, list], done: dict[str, list[int]], budget: int) -> list[dict]:
+def tokens_ratio_table(pool: str, curves: dict[str, list], done: dict[str, list[int]], budget: int,
+                       charged: dict[str, int] | None = None) -> list[dict]:
     """Per seed, the tokens a method's curve needs to reach uniform's final pass@1 of the same seed, over
     the tokens uniform spent; the mean over seeds with its 95% t interval. A seed that does not reach it by
-    the budget is counted, never averaged: with one, there is no verdict."""
+    the budget is counted, never averaged: with one, there is no verdict. `charged`: tokens spent before the
+    run that a method needs (a distillation teacher's own training), added to its reach in a second row."""
     base = {s: (tok[-1], acc[-1]) for s, (tok, acc) in zip(done["uniform"], curves["uniform"], strict=True)}
     print(f"\n#### {pool}: tokens to uniform's final pass@1 of the same seed, as a ratio of uniform's tokens\n")
     print("| method | paired seeds | reached | ratio per seed | mean ratio [95% CI] | verdict |")
     print("|---|---|---|---|---|---|")
     rows = []
-    for method, cs in curves.items():
+    runs = [(m, m, cs, 0) for m, cs in curves.items()]
+    runs += [(f"{m} + its teacher's {t:,} tokens", m, curves[m], t) for m, t in (charged or {}).items() if m in curves]
+    for method, name, cs, extra in runs:
         ratios = {}
-        for s, (tok, acc) in zip(done[method], cs, strict=True):
+        for s, (tok, acc) in zip(done[name], cs, strict=True):
             if s in base:
                 reach = tokens_to(list(zip(tok.tolist(), acc.tolist(), strict=True)), base[s][1], budget)
-                ratios[s] = reach / base[s][0] if reach is not None else None
+                ratios[s] = (reach + extra) / base[s][0] if reach is not None else None
         stat = mean_ci(list(ratios.values()))
         reached = stat["n"]
         upper = stat["ci95"][1] if stat["ci95"] else None
@@ -141,6 +148,17 @@ def cut_task(pool: str, size: int, eval_per_share: int):  # -> adarl.tasks.base.
 
     cut, _, _ = pool_overrides(POOLS[pool], size, eval_per_share)
     return build_task(load_recipe(ROOT / "recipes" / f"{POOLS[pool].recipe}.yaml", cut).task)
+
+
+def teacher_tokens(teacher: Path) -> int | None:
+    """The sampled tokens that trained `teacher` (a model adarl trained: its run directory, or a folder in one
+    such as final/), from the run's metrics; None when no run directory holds it (a model adarl did not train)."""
+    for folder in (teacher, *list(teacher.parents)[:2]):
+        metrics = folder / "metrics.jsonl"
+        if metrics.is_file():
+            rows = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
+            return int(max((r.get("tokens", 0) for r in rows), default=0))
+    return None
 
 
 def training_pool(pool: str, args: argparse.Namespace) -> list:
@@ -225,7 +243,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--pool-size", type=int, default=6, help="training problems (per share on the mixed pool)")
     parser.add_argument("--eval-per-share", type=int, default=40, help="held-out problems (per share)")
     parser.add_argument("--budget-tokens", type=int, default=12000)
-    parser.add_argument("--eval-every", type=int, default=3)
+    parser.add_argument("--eval-every", type=int, default=3, help="steps between evaluations")
+    parser.add_argument("--eval-every-tokens", type=int, default=0,
+                        help="evaluate at multiples of this many sampled tokens instead (the same points for every "
+                             "method; results kept under a key of their own, ...-t<N>)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads per run")
     parser.add_argument("--runs", default="runs/bench-campaign")
     parser.add_argument("--results", default="bench/results/campaign", help="finished runs' metrics (in git)")
@@ -236,6 +257,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--model", default=None, help="model.path for every run (the recipes' model if unset)")
     parser.add_argument("--teacher", default=None,
                         help="a model adarl trained: methods opd and aopd distil from it on-policy (the ladder)")
+    parser.add_argument("--teacher-tokens", type=int, default=None,
+                        help="the sampled tokens that trained --teacher, charged to opd/aopd in the tokens table "
+                             "(default: read from the teacher's run directory)")
     parser.add_argument("--teacher-data", type=Path, default=None,
                         help="write a teacher's SFT data for each pool here (DIR/<pool>/) and train nothing")
     parser.add_argument("--teacher-pool-size", type=int, default=400,
@@ -247,9 +271,16 @@ def main(argv: list[str] | None = None) -> dict:
         for pool, (n_train, n_held) in counts.items():
             print(f"{pool}: {n_train} training problems, none of the {n_held} held out: {args.teacher_data / pool}")
         return {"teacher_data": {pool: {"train": a, "heldout": b} for pool, (a, b) in counts.items()}}
+    args.charged = {}
     if args.teacher:
         CAMPAIGN_METHODS["opd"] = opd(args.teacher)
         CAMPAIGN_METHODS["aopd"] = opd(args.teacher, "aopd")
+        spent = args.teacher_tokens if args.teacher_tokens is not None else teacher_tokens(Path(args.teacher))
+        if spent is None:
+            print(f"--teacher {args.teacher}: no metrics.jsonl beside it or above it, so the tokens that trained it "
+                  "are unknown and not charged to opd/aopd")
+        else:
+            args.charged = {"opd": spent, "aopd": spent}
     args.extra = [f"model.path={args.model}"] if args.model else []
     if args.smoke:
         vars(args).update(SMOKE)
@@ -281,7 +312,8 @@ def main(argv: list[str] | None = None) -> dict:
             "key": run_key(pool, args),
             "pass@1": report_task(pool, list(curves), curves, args.budget_tokens, seeds),
             "paired": paired_task(pool, curves, done, args.budget_tokens),
-            "tokens_ratio": tokens_ratio_table(pool, curves, done, args.budget_tokens) if "uniform" in done else [],
+            "tokens_ratio": tokens_ratio_table(pool, curves, done, args.budget_tokens, args.charged)
+            if "uniform" in done else [],
             "mechanism": mechanism_table(pool, {m: [results[m, s] for s in ss] for m, ss in done.items()},
                                          len(train), labels)}
         kept = {m: [Path(args.results) / run_key(pool, args) / m / f"seed{s}" / "prompts.jsonl" for s in ss]

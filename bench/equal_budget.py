@@ -115,8 +115,13 @@ def train_run(recipe: str, overrides: list[str], run_dir: Path, label: str, repo
     return [json.loads(x) for x in text.splitlines()]
 
 
-def budget_overrides(seed: int, budget: int, eval_every: int, eval_size: int, threads: int | None) -> list[str]:
-    out = [f"seed={seed}", f"budget.max_tokens={budget}", "budget.max_steps=null", f"eval.every={eval_every}",
+def budget_overrides(seed: int, budget: int, eval_every: int, eval_size: int, threads: int | None,
+                     eval_every_tokens: int = 0) -> list[str]:
+    """A benchmark run's overrides. `eval_every_tokens` > 0 evaluates at fixed sampled-token points instead of
+    every `eval_every` steps, so methods that spend tokens at different rates get the same evaluation points."""
+    evals = [f"eval.every_tokens={eval_every_tokens}", "eval.every=0"] if eval_every_tokens else \
+        [f"eval.every={eval_every}"]
+    out = [f"seed={seed}", f"budget.max_tokens={budget}", "budget.max_steps=null", *evals,
            f"task.eval_size={eval_size}", f"eval.size={eval_size}", "checkpoint.every=0", "log.progress=false",
            "log.tensorboard=false"]
     return out + ([f"model.threads={threads}"] if threads else [])
