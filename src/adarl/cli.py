@@ -56,10 +56,20 @@ def train(
     overrides: Annotated[list[str] | None, typer.Argument(help="dotted.key=value overrides")] = None,
     run_dir: Annotated[Path | None, typer.Option("--run-dir", help="where the run is written")] = None,
     resume: Annotated[Path | None, typer.Option("--resume", help="continue the run in this directory")] = None,
+    trust_checkpoint_pickles: Annotated[bool, typer.Option(
+        "--trust-checkpoint-pickles",
+        help="load checkpoints that hold pickled Python objects (an older adarl's); loading them can run "
+             "code, so only for run directories you trust")] = False,
 ) -> None:
     """Train with RL on a recipe, or resume a run directory."""
     from adarl.config import RecipeError, load_recipe
 
+    if trust_checkpoint_pickles:  # read where checkpoint files are loaded (train/checkpoint.py: `read`)
+        import os
+
+        from adarl.train.checkpoint import TRUST_ENV
+
+        os.environ[TRUST_ENV] = "1"
     try:
         if resume is not None and recipe is not None and "=" in recipe:
             overrides, recipe = [recipe, *(overrides or [])], None

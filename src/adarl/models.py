@@ -6,7 +6,8 @@ of the Hugging Face cache, downloaded only when not cached and ``HF_HUB_OFFLINE`
 `adarl.hub`). A GGUF is converted once to a plain HF folder
 (float32 safetensors + tokenizer with its chat template) in the user cache, because loading a
 GGUF dequantises every tensor (~15-20 s) while the converted folder loads in ~2 s. Only `adarl.hub`
-reaches the Hub: every ``from_pretrained`` gets a local folder and ``local_files_only=True``.
+reaches the Hub: every ``from_pretrained`` gets a local folder and ``local_files_only=True``, and
+``trust_remote_code=False``: a folder asking to run its own code is refused, never prompted for on stdin.
 """
 
 from __future__ import annotations
@@ -181,7 +182,7 @@ def convert_gguf(gguf: Path, dest: Path) -> Path:
         print(message, file=sys.stderr, flush=True)
     try:
         with console.status(message) if console.is_terminal else contextlib.nullcontext():
-            where = dict(gguf_file=gguf.name, local_files_only=True)
+            where = dict(gguf_file=gguf.name, local_files_only=True, trust_remote_code=False)
             tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), **where)
             model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), dtype=torch.float32, **where)
     except Exception as err:
@@ -246,12 +247,13 @@ def _check_converted(folder: Path, model: PreTrainedModel, tokenizer: PreTrained
     if bool(cfg.get("tie_word_embeddings", False)) != tied:
         raise RuntimeError(f"converted config: tie_word_embeddings={cfg.get('tie_word_embeddings')}, "
                            f"expected {tied}")
-    tok2 = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    tok2 = AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
     if tok2.get_vocab() != tokenizer.get_vocab() or tok2.chat_template != tokenizer.chat_template:
         raise RuntimeError("the saved tokenizer differs from the GGUF's (vocabulary or chat template)")
     if tok2.eos_token != tokenizer.eos_token or tok2.pad_token != tokenizer.pad_token:
         raise RuntimeError("the saved tokenizer lost its eos/pad tokens")
-    model2 = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, local_files_only=True)
+    model2 = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, local_files_only=True,
+                                                  trust_remote_code=False)
     if _ties_embeddings(model2) != tied:
         raise RuntimeError("the converted model does not tie embeddings like the GGUF does")
     ids = torch.tensor([tokenizer.encode("The answer is 4.")[:8] or [0]])
@@ -293,7 +295,7 @@ def load_tokenizer(folder: str | Path) -> PreTrainedTokenizerBase:
     """The tokenizer of a local HF folder: left padding, pad token set (falls back to eos)."""
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
     tok.padding_side = "left"
     if tok.pad_token is None:
         if tok.eos_token is None:
@@ -346,7 +348,7 @@ def _load_base(cfg: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerBa
         raise RuntimeError("model.attn_implementation flash_attention_2 needs the flash-attn package "
                            "(pip install flash-attn, on a CUDA machine); or use sdpa, the default")
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=_dtype(cfg.dtype), local_files_only=True,
-                                                 attn_implementation=cfg.attn_implementation)
+                                                 attn_implementation=cfg.attn_implementation, trust_remote_code=False)
     _sync_special_ids(model, tok)
     return model.to(device), tok
 

@@ -101,7 +101,8 @@ class RolloutWorker:
         config = copy.deepcopy(config)
         if hasattr(config, "quantization_config"):  # a GGUF-loaded model's config: the weights come dequantised
             delattr(config, "quantization_config")
-        self.model = AutoModelForCausalLM.from_config(config, dtype=getattr(config, "dtype", None))
+        self.model = AutoModelForCausalLM.from_config(config, dtype=getattr(config, "dtype", None),
+                                                      trust_remote_code=False)
         self.model.eval()  # requires_grad stays on, as on the trainer: CPU matmuls then take its kernels
         self.tokenizer, self.cfg, self.backend = tokenizer, cfg, backend
         self.index, self.heartbeats = index, heartbeats

@@ -199,7 +199,7 @@ class VllmGenerator:
             cpu = {} if self._cuda else {"enable_chunked_prefill": False, "max_num_batched_tokens": max_len,
                                          "kv_cache_memory_bytes": int(vcfg.kv_cache_gib * 2**30)}
             self.llm = LLM(
-                model=str(folder), tokenizer=str(folder), dtype=dtype, seed=seed,
+                model=str(folder), tokenizer=str(folder), dtype=dtype, seed=seed, trust_remote_code=False,
                 logprobs_mode="processed_logprobs", enable_prefix_caching=True,
                 gpu_memory_utilization=vcfg.gpu_memory_utilization, enable_sleep_mode=self._sleep,
                 enforce_eager=vcfg.enforce_eager or not self._cuda,

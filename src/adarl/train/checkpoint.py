@@ -13,6 +13,14 @@ a crash while pruning never leaves a half-deleted `step_N/` that looks complete.
 write-then-rename scheme serves `final/` (`save_dir`) and small files such as `config.yaml`
 (`atomic_write_text`).
 
+A run directory is untrusted input (docs/security.md): nothing read from it may run code. The `.pt`
+files hold tensors and plain data only (numbers, strings, lists, tuples, sets, dicts: what
+`torch.load(weights_only=True)` builds); numpy arrays and scalars are written as tensors or lists
+under a `{"__numpy__": dtype, ...}` tag (`to_plain`) and rebuilt on reading (`read`). A file that needs
+pickled objects (a checkpoint of an older adarl, or a crafted one) is refused with `UntrustedCheckpoint`
+unless ``ADARL_TRUST_CHECKPOINT_PICKLES=1`` (`adarl train --trust-checkpoint-pickles`). A sharded
+folder's `.metadata` and byte items are unpickled with an allowlist of DCP's own metadata classes.
+
 `crash_point` is a test-only hook (see tests/train/test_crash.py): with ``ADARL_TEST_KILL`` unset it
 does nothing.
 """
@@ -20,16 +28,21 @@ does nothing.
 from __future__ import annotations
 
 import copy
+import io
 import os
+import pathlib
+import pickle
 import re
 import shutil
 import signal
 import sys
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -39,6 +52,7 @@ _STEP = re.compile(r"^step_(\d+)$")
 FILES = ("weights.safetensors", "optimizer.pt", "state.pt")
 SHARDED = "sharded"  # the folder a sharded learner writes instead of the weights and optimizer files
 _STALE = ("*.tmp", "*.del")
+TRUST_ENV = "ADARL_TRUST_CHECKPOINT_PICKLES"  # "1": load checkpoint files that need pickles (code can run)
 
 
 # ---------------------------------------------------------------- test-only fault injection
@@ -170,9 +184,9 @@ def save(root: Path, step: int, model: torch.nn.Module, optimizer_state: dict | 
     else:
         save_file(trainable_state(model), tmp / "weights.safetensors")
         crash_point("checkpoint:weights", step)
-        torch.save(optimizer_state, tmp / "optimizer.pt")
+        torch.save(to_plain(optimizer_state, "optimizer"), tmp / "optimizer.pt")
         crash_point("checkpoint:optimizer", step)
-    torch.save(state, tmp / "state.pt")
+    torch.save(to_plain(state, "state"), tmp / "state.pt")
     crash_point("checkpoint:state", step)
     _fsync_tree(tmp)
     crash_point("checkpoint:fsync", step)
@@ -228,8 +242,8 @@ def load(path: Path, model: torch.nn.Module) -> tuple[dict, dict[str, Any]]:
             f"checkpoint {path} does not match the model: missing {missing[:3]}, unexpected {unknown[:3]}, "
             f"other shapes {shapes[:3]}"
         )
-    optimizer_state = torch.load(path / "optimizer.pt", weights_only=False)
-    state = torch.load(path / "state.pt", weights_only=False)
+    optimizer_state = read(path / "optimizer.pt")
+    state = read(path / "state.pt")
     with torch.no_grad():
         for name, tensor in weights.items():
             params[name].copy_(tensor)
@@ -252,5 +266,202 @@ def load_dcp(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: Pat
 
     model_state, optim_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optimizer": optim_state}
-    dcp.load(state, checkpoint_id=str(path))
+    if trusted():
+        dcp.load(state, checkpoint_id=str(path))
+    else:
+        read_dcp_metadata(Path(path) / ".metadata")  # refused here, in one line, rather than inside DCP's error
+        try:
+            dcp.load(state, storage_reader=_safe_dcp_reader(path), planner=_safe_dcp_planner(path))
+        except dcp.CheckpointException as err:  # DCP wraps each rank's error (a BaseException): ours in one line
+            refused = [e for e, _ in err.failures.values() if isinstance(e, UntrustedCheckpoint)]
+            if not refused:
+                raise
+            raise refused[0] from None
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+
+# ---------------------------------------------------------------- reading without running code
+
+
+class UntrustedCheckpoint(ValueError):
+    """A checkpoint file that only a full unpickler could load (and so could run code while loading)."""
+
+
+def trusted() -> bool:
+    """Whether the user asked to load checkpoints that need pickles (``ADARL_TRUST_CHECKPOINT_PICKLES=1``)."""
+    return os.environ.get(TRUST_ENV, "") == "1"
+
+
+def _refused(file: Path | str, why: str) -> UntrustedCheckpoint:
+    return UntrustedCheckpoint(
+        f"{file} holds pickled Python objects ({why[:120]}), which can run code when loaded, so it was not "
+        f"loaded (a checkpoint of an older adarl, or a tampered one); if you trust whoever wrote it, resume with "
+        f"--trust-checkpoint-pickles ({TRUST_ENV}=1), and the checkpoints the run then saves hold none")
+
+
+def _why(err: pickle.UnpicklingError) -> str:
+    """What the weights-only unpickler refused, from its long message (e.g. "Unsupported global: ...")."""
+    text = str(err)
+    named = re.search(r"GLOBAL (\S+) was not an allowed global", text)
+    if named:
+        return f"it names {named.group(1)}"
+    found = re.search(r"WeightsUnpickler error: ([^\n]*)", text)
+    return found.group(1) if found else text.split("\n")[0]
+
+
+def read(file: Path) -> Any:
+    """A checkpoint's `.pt` file (`state.pt`, `optimizer.pt`): tensors and plain data, numpy values rebuilt.
+
+    Loaded with `weights_only=True`; a file that needs any other object raises `UntrustedCheckpoint`
+    (one line naming the file) unless `trusted()`, when it is unpickled as older adarl wrote it."""
+    try:
+        return from_plain(torch.load(file, weights_only=True))
+    except pickle.UnpicklingError as err:
+        if not trusted():
+            raise _refused(file, _why(err)) from None
+    return from_plain(torch.load(file, weights_only=False))
+
+
+_NUMPY = "__numpy__"
+_SCALARS = (int, float, bool, str, bytes, complex, type(None), torch.dtype, torch.device)
+
+
+def to_plain(value: Any, where: str) -> Any:
+    """`value` with every numpy array and scalar as a tagged dict of a tensor (or, for text and object
+    arrays, a list), so `torch.load(weights_only=True)` can read it back. Any other object is a TypeError
+    naming where it sits: a stage's `state_dict()` must hold plain data (issue 52)."""
+    kind = type(value)
+    if kind in _SCALARS or isinstance(value, torch.Tensor) or kind is torch.Size:
+        return value
+    if isinstance(value, np.ndarray | np.generic):
+        return _numpy_to_plain(value, where)
+    if kind in (dict, OrderedDict):
+        if _NUMPY in value:
+            raise TypeError(f"checkpoint {where}: a dict with the key {_NUMPY!r}, which marks a numpy value")
+        out = {}
+        for key, item in value.items():
+            if type(key) not in _SCALARS and not (type(key) is tuple and all(type(k) in _SCALARS for k in key)):
+                raise TypeError(f"checkpoint {where}: a dict key of type {type(key).__qualname__}; use str or int")
+            out[key] = to_plain(item, f"{where}.{key}")
+        return out if kind is dict else OrderedDict(out)
+    if kind in (list, tuple, set):
+        return kind(to_plain(item, f"{where}[{i}]") for i, item in enumerate(value))
+    raise TypeError(f"checkpoint {where}: {kind.__module__}.{kind.__qualname__} is not plain data (numbers, "
+                    "strings, lists, tuples, sets, dicts, tensors, numpy arrays); convert it in its state_dict()")
+
+
+def _numpy_to_plain(value: np.ndarray | np.generic, where: str) -> dict[str, Any]:
+    array = np.asarray(value)
+    native = array.dtype.newbyteorder("=") if array.dtype.byteorder not in "=|" else array.dtype
+    data: Any
+    try:
+        data = torch.from_numpy(np.array(array, dtype=native, order="C", copy=not array.flags.writeable or None))
+    except TypeError:  # text, bytes, objects: no tensor dtype
+        if array.dtype.kind not in "USO":
+            raise TypeError(f"checkpoint {where}: a numpy array of dtype {array.dtype}, which has no tensor "
+                            "dtype; store it as a list") from None
+        data = [to_plain(item, f"{where}[{i}]") for i, item in enumerate(array.ravel().tolist())]
+    return {_NUMPY: array.dtype.str, "shape": list(array.shape), "data": data, "scalar": isinstance(value, np.generic)}
+
+
+def from_plain(value: Any) -> Any:
+    """The inverse of `to_plain` (values it did not tag come back as they are)."""
+    kind = type(value)
+    if kind in (dict, OrderedDict):
+        if _NUMPY in value:
+            return _numpy_from_plain(value)
+        return kind((key, from_plain(item)) for key, item in value.items())
+    if kind in (list, tuple, set):
+        return kind(from_plain(item) for item in value)
+    return value
+
+
+def _numpy_from_plain(tagged: dict[str, Any]) -> np.ndarray | np.generic:
+    dtype, shape, data = np.dtype(tagged[_NUMPY]), tuple(tagged["shape"]), tagged["data"]
+    if isinstance(data, torch.Tensor):
+        array = data.numpy().astype(dtype, copy=False).reshape(shape)
+    elif dtype.kind == "O":
+        array = np.empty(len(data), dtype=object)
+        for i, item in enumerate(data):
+            array[i] = from_plain(item)
+        array = array.reshape(shape)
+    else:
+        array = np.array(data, dtype=dtype).reshape(shape)
+    return array[()] if tagged.get("scalar") else array
+
+
+def _dcp_metadata_classes() -> dict[tuple[str, str], Any]:
+    """What a `torch.distributed.checkpoint` `.metadata` pickle may name: DCP's own metadata records."""
+    from torch.distributed.checkpoint import filesystem, metadata
+
+    classes = [metadata.Metadata, metadata.TensorStorageMetadata, metadata.BytesStorageMetadata,
+               metadata.ChunkStorageMetadata, metadata.TensorProperties, metadata.StorageMeta,
+               metadata.MetadataIndex, metadata._MEM_FORMAT_ENCODING, filesystem._StorageInfo, torch.Size,
+               OrderedDict, pathlib.PurePosixPath, pathlib.PosixPath]  # a path: the checkpoint_id it was saved to
+    allowed = {(c.__module__, c.__qualname__): c for c in classes}
+    # how a torch.layout pickles: a lookup of its name in torch's own table (weights_only allows it too)
+    allowed[("torch.serialization", "_get_layout")] = torch.serialization._get_layout
+    return allowed
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Builds DCP's metadata records, torch dtypes and layouts, and plain data; refuses any other name."""
+
+    allowed: dict[tuple[str, str], Any] = {}
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in self.allowed:
+            return self.allowed[(module, name)]
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype | torch.layout):
+            return getattr(torch, name)
+        raise pickle.UnpicklingError(f"{module}.{name} is not part of a checkpoint's metadata"[:200])
+
+
+def read_dcp_metadata(file: Path) -> Any:
+    """A DCP folder's `.metadata` through `_MetadataUnpickler` (not `pickle.load`, as DCP's own reader does)."""
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    _MetadataUnpickler.allowed = _MetadataUnpickler.allowed or _dcp_metadata_classes()
+    with open(file, "rb") as fh:
+        try:
+            metadata = _MetadataUnpickler(fh).load()
+        except pickle.UnpicklingError as err:
+            raise _refused(file, str(err)) from None
+    if not isinstance(metadata, Metadata):
+        raise UntrustedCheckpoint(f"{file} is not a torch.distributed.checkpoint metadata file")
+    return metadata
+
+
+def _safe_dcp_reader(path: Path) -> Any:
+    """A DCP folder's reader whose `.metadata` goes through `_MetadataUnpickler`, not `pickle.load`."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+
+    class SafeReader(FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+            rank = kwargs.get("rank")
+            metadata = read_dcp_metadata(Path(self.path) / (".metadata" if rank is None else f"__{rank}.metadata"))
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return SafeReader(path)
+
+
+def _safe_dcp_planner(path: Path) -> Any:
+    """DCP's default load planner, but its byte items (the optimizer's hyperparameters) load weights-only."""
+    from torch.distributed.checkpoint import DefaultLoadPlanner, default_planner
+
+    class SafePlanner(DefaultLoadPlanner):
+        def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+            try:
+                loaded = torch.load(value, weights_only=True)
+            except pickle.UnpicklingError as err:
+                raise _refused(path, _why(err)) from None
+            if self.flatten_state_dict:  # as DefaultLoadPlanner.load_bytes does with what it unpickled
+                default_planner.set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
+            else:
+                self.state_dict[read_item.dest_index.fqn] = loaded
+
+    return SafePlanner()

@@ -34,7 +34,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from adarl.rollout.base import Weights
-from adarl.train.checkpoint import crash_point, load_dcp, save_dcp
+from adarl.train.checkpoint import crash_point, load_dcp, read, save_dcp
 from adarl.train.control import STORE_ERRORS, Control
 from adarl.train.learner import Learner, StepData
 from adarl.train.logprobs import completion_logprobs
@@ -285,7 +285,7 @@ class ShardedLearner(Learner):
             for name, p in self.model.named_parameters(remove_duplicate=False):  # a tied head: the same tensor
                 if first.setdefault(id(p), name) != name and first[id(p)] in weights:
                     weights[name] = weights[first[id(p)]]
-            optim = torch.load(path / "optimizer.pt", weights_only=False)
+            optim = read(path / "optimizer.pt")
             optim = {"state": {names[i]: v for i, v in optim["state"].items()},  # by position -> by name
                      "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in optim["param_groups"]]}
         # two calls: set_state_dict would take the other ranks' empty weights for "optimizer only"
