@@ -30,7 +30,6 @@ step gets what is left), so its last eval lies at or just short of B.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from adarl.files import read_json_bounded
 from adarl.runs import COMPARISON_FILE, find_runs, load_run
 from adarl.stats import holm, mean_ci, paired, wilson
 
@@ -249,10 +249,7 @@ def aggregate(groups: dict[str, list[RunSummary]], target: float | None = None,
 def saved_settings(comparison_dir: Path) -> dict[str, Any]:
     """What a comparison's comparison.json says about its budget, baseline and target rule."""
     path = Path(comparison_dir) / COMPARISON_FILE
-    try:
-        saved = json.loads(path.read_text()) if path.is_file() else {}
-    except json.JSONDecodeError:
-        saved = {}
+    saved = read_json_bounded(path, invalid={}) if path.exists() or path.is_symlink() else {}
     if not isinstance(saved, dict):
         saved = {}
     target = saved.get("target") if isinstance(saved.get("target"), dict) else {}

@@ -104,11 +104,13 @@ def _tokens_axis(ax) -> None:
 
 
 def _smooth(y: np.ndarray, window: int) -> np.ndarray:
+    """The moving average over `window` values (a growing window at the start), from running sums: linear in
+    the rows (a convolution with a window of 1/15 of the run was quadratic: 200k rows took 43 s)."""
     if window <= 1 or y.size < window:
         return y
-    out = np.convolve(y, np.ones(window) / window, mode="valid")
-    head = [y[: i + 1].mean() for i in range(window - 1)]  # a growing window at the start
-    return np.concatenate([head, out])
+    sums = np.concatenate([[0.0], np.cumsum(y, dtype=np.float64)])
+    head = sums[1:window] / np.arange(1, window)
+    return np.concatenate([head, (sums[window:] - sums[:-window]) / window])
 
 
 def band(series: list[Series]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:

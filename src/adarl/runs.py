@@ -7,7 +7,6 @@ comparison directory holds `<recipe>/seed<k>/` run directories and `comparison.j
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,9 +15,12 @@ from typing import Any
 import numpy as np
 import yaml
 
+from adarl.files import MB, UnsafeFile, read_bytes_bounded, read_json_bounded
 from adarl.metrics.sinks import MetricsWriter, read_jsonl
 
 COMPARISON_FILE = "comparison.json"
+MAX_CONFIG_MB = 16  # a run's config.yaml is a recipe: a few kB (a recipe with inline data, more)
+MAX_PROMPTS_MB = 1024
 PROMPTS_FILES = ("prompts.jsonl", "prompts.parquet")
 _SEED_DIR = re.compile(r"^seed(\d+)$")
 
@@ -63,10 +65,19 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def read_config(run_dir: Path) -> dict[str, Any]:
-    """The run's config.yaml as plain data ({} when missing or unreadable)."""
+    """The run's config.yaml as plain data ({} when missing or not YAML); a hostile one (not a regular file, over
+    `MAX_CONFIG_MB`, aliases expanding past a recipe's bounds) is one UnsafeFile."""
+    from adarl.config.loader import RecipeError, _check_size
+
+    path = Path(run_dir) / "config.yaml"
+    if not path.exists() and not path.is_symlink():
+        return {}
     try:
-        loaded = yaml.safe_load((Path(run_dir) / "config.yaml").read_text())
-    except (OSError, yaml.YAMLError):
+        loaded = yaml.safe_load(read_bytes_bounded(path, MAX_CONFIG_MB * MB).decode("utf-8", errors="replace"))
+        _check_size(loaded, str(path))
+    except (yaml.YAMLError, RecursionError, ValueError) as err:
+        if isinstance(err, (UnsafeFile, RecipeError)):
+            raise UnsafeFile(str(err)) from None
         return {}
     return loaded if isinstance(loaded, dict) else {}
 
@@ -79,6 +90,7 @@ def read_prompts(run_dir: Path) -> list[dict[str, Any]] | None:
         if name.endswith(".parquet"):
             import pyarrow.parquet as pq
 
+            read_bytes_bounded(path, MAX_PROMPTS_MB * MB, path)  # a regular file of a bounded size, first
             return pq.read_table(path).to_pylist()
         return read_jsonl(path)
     return None
@@ -95,10 +107,7 @@ def load_run(run_dir: Path, seed: int | None = None, prompts: bool = True) -> Ru
     config = read_config(run_dir)
     evals = []
     for path in sorted(run_dir.glob("eval*.json")):
-        try:
-            data = json.loads(path.read_text())
-        except (json.JSONDecodeError, OSError):
-            continue
+        data = read_json_bounded(path, invalid=None)  # a torn file is passed over; a hostile one is refused
         if isinstance(data, dict) and isinstance(data.get("tasks"), dict):
             evals.append({**data, "_file": path.name})
     if seed is None and isinstance(config.get("seed"), int):
@@ -111,10 +120,10 @@ def find_runs(comparison_dir: Path) -> dict[str, list[tuple[int, Path]]]:
     comparison_dir = Path(comparison_dir)
     order: list[str] = []
     saved = comparison_dir / COMPARISON_FILE
-    if saved.is_file():
+    if saved.exists():
         try:
-            order = [r["name"] for r in json.loads(saved.read_text()).get("recipes", [])]
-        except (json.JSONDecodeError, KeyError, TypeError):
+            order = [r["name"] for r in read_json_bounded(saved, invalid={}).get("recipes", [])]
+        except (KeyError, TypeError, AttributeError):
             order = []
     found: dict[str, list[tuple[int, Path]]] = {}
     for d in sorted(p for p in comparison_dir.iterdir() if p.is_dir()):

@@ -103,15 +103,21 @@ def _check_size(data: Any, where: str) -> None:
             stack.extend((v, depth + 1) for v in node)
 
 
+MAX_RECIPE_MB = 16  # a recipe (or a run's config.yaml) is a few kB; inline data can make it more
+
+
 def _read_yaml(path: Path, shown: str) -> Any:
     """The YAML of a recipe file, or a RecipeError that names the file (and the line where known)."""
+    from adarl.files import MB, UnsafeFile, read_bytes_bounded
+
     try:
-        text = path.read_bytes().decode("utf-8")
+        raw = read_bytes_bounded(path, MAX_RECIPE_MB * MB, shown)  # a FIFO or /dev/zero would hang or fill memory
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
-        line = path.read_bytes()[: err.start].count(b"\n") + 1
+        line = raw[: err.start].count(b"\n") + 1
         raise RecipeError(f"{shown}: not UTF-8 text (byte {err.start}, line {line})") from None
-    except OSError as err:
-        raise RecipeError(f"{shown}: cannot read it ({err.strerror})") from None
+    except UnsafeFile as err:
+        raise RecipeError(str(err)) from None
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as err:
@@ -297,6 +303,8 @@ def load_recipe(path: str | Path | None = None, overrides: Sequence[str] | dict[
         p = Path(path).expanduser()
         if not p.is_file() and (shipped := builtin_recipe(str(path))) is not None:
             p = shipped
+        if p.exists() and not p.is_file():
+            raise RecipeError(f"{path}: not a regular file, so it is not read (a recipe is a YAML file)")
         if not p.is_file():
             raise RecipeError(f"recipe file not found: {path}" + (
                 f" (built-in recipes: {', '.join(builtin_recipes())})" if "/" not in str(path) else ""))

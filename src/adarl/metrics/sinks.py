@@ -65,16 +65,11 @@ def numeric_items(row: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[st
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """The JSON objects of a JSON-lines file; torn or non-object lines are skipped."""
-    rows = []
-    for line in Path(path).read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows
+    """The JSON objects of a JSON-lines file of a run directory; torn or non-object lines are skipped, a hostile
+    file (not a regular file, too large, too deep, a too long number) is one `adarl.files.UnsafeFile`."""
+    from adarl.files import read_jsonl_bounded
+
+    return read_jsonl_bounded(path)
 
 
 class MetricsWriter:
