@@ -40,6 +40,9 @@ MAX_VALUE_BYTES = 10_000  # the longest string or blob SQLite may make (its own 
 MAX_COLUMNS = 64  # columns a result may have (SQLite's default: 2000)
 MAX_ANSWER_ROWS = 1_000  # an answer returning more rows than this scores 0 (no gold result is that long)
 MAX_QUERY_CHARS = 10_000  # longer answers are not run
+MAX_HEAP_BYTES = 64 << 20  # SQLite's heap in a process that runs answers (the shipped databases take < 1 MB)
+MAX_COMPOUND = 20  # SELECTs joined by UNION / INTERSECT / EXCEPT (SQLite's default: 500)
+MAX_EXPR_DEPTH = 100  # expression nesting (SQLite's default: 1000)
 FLOAT_DIGITS = 6
 
 _ALLOWED = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION}
@@ -63,6 +66,15 @@ def guard(db: sqlite3.Connection) -> list[int]:
     caller sets to [0] before each query (the budget is per query)."""
     db.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)
     db.setlimit(sqlite3.SQLITE_LIMIT_COLUMN, MAX_COLUMNS)
+    # memory: a chain of CTEs that each read the one before twice doubles the prepared statement per CTE, so a
+    # 1 kB query took hundreds of MB before one step ran (the step budget counts steps, not bytes). SQLite's
+    # heap limit is the process's (it never raises one that is lower); reward workers are processes of their own
+    current = db.execute("PRAGMA hard_heap_limit").fetchone()[0]
+    if not current or current > MAX_HEAP_BYTES:
+        db.execute(f"PRAGMA hard_heap_limit = {MAX_HEAP_BYTES}")
+    db.setlimit(sqlite3.SQLITE_LIMIT_COMPOUND_SELECT, MAX_COMPOUND)
+    db.setlimit(sqlite3.SQLITE_LIMIT_EXPR_DEPTH, MAX_EXPR_DEPTH)
+    db.setlimit(sqlite3.SQLITE_LIMIT_SQL_LENGTH, MAX_QUERY_CHARS * 4)  # bytes; the characters are checked first
     db.set_authorizer(_authorize)
     steps = [0]
 
@@ -106,17 +118,36 @@ def create_statements(name: str) -> str:
     return "\n".join(line for line in schema_script(name).splitlines() if line.startswith("CREATE TABLE"))
 
 
-_SQL_BLOCK = re.compile(r"```sql[ \t]*\r?\n(.*?)```", re.DOTALL | re.IGNORECASE)
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_SQL_OPEN = re.compile(r"```sql[ \t]*\r?\n", re.IGNORECASE)
+
+
+def _last_block(text: str, opens: list[tuple[int, int]], close: str) -> str | None:
+    """The last block that an opener (start, end of the opener) starts and the first `close` after it ends:
+    found from the end with one search per opener (a regex `open(.*?)close` rescans the rest of the text
+    from every unclosed opener, quadratic: 10k unclosed tags took seconds)."""
+    stop = len(text)
+    for start, body in reversed(opens):
+        if start >= stop:
+            continue
+        end = text.find(close, body)
+        if end >= 0:
+            block = text[body:end].strip()
+            if block:
+                return block
+        stop = start
+    return None
 
 
 def extract_query(completion: str) -> str | None:
     """The final query: the last ```sql block, else the last <answer>...</answer>; None without one."""
-    for pattern in (_SQL_BLOCK, _ANSWER):
-        found = pattern.findall(completion)
-        if found and found[-1].strip():
-            return found[-1].strip()
-    return None
+    sql_opens = [(m.start(), m.end()) for m in _SQL_OPEN.finditer(completion)]
+    found = _last_block(completion, sql_opens, "```")
+    if found is not None:
+        return found
+    end = completion.rfind("</answer>")
+    start = completion.rfind("<answer>", 0, end) if end >= 0 else -1
+    block = completion[start + len("<answer>"):end].strip() if start >= 0 else ""
+    return block or None
 
 
 def run_query(db: sqlite3.Connection, steps: list[int], sql: str, max_rows: int = MAX_ANSWER_ROWS) -> list[tuple]:

@@ -269,6 +269,11 @@ class AgentGenerator(Wrapper):
     def _encode(self, text: str) -> list[int]:
         return list(self.generator.tokenizer.encode(text, add_special_tokens=False))
 
+    def _encode_untrusted(self, text: str) -> list[int]:
+        """Ids of text a tool or environment returned: a special token's text in it (``<|im_end|>``, printed by
+        model-written code) is encoded as plain text, so it can never end the tool's turn or open another."""
+        return list(self.generator.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
+
     def _start(self, started: list[tuple[_Trajectory, Problem]]) -> None:
         """Build and reset the environments of these trajectories, all at once (RESET_WORKERS at a time),
         each within `reset_timeout_s`; one whose construction or reset raises or hangs censors its trajectory."""
@@ -372,7 +377,7 @@ class AgentGenerator(Wrapper):
         takes seconds and gigabytes to tokenise whole), then to `max_tool_output_tokens` tokens; either
         cut is marked. A lone surrogate (no tokenizer encodes one) becomes "?"."""
         limit = self.max_tool_output_tokens
-        ids = self._encode(text[: limit * CHARS_PER_TOKEN].encode("utf-8", "replace").decode("utf-8"))
+        ids = self._encode_untrusted(text[: limit * CHARS_PER_TOKEN].encode("utf-8", "replace").decode("utf-8"))
         if len(ids) > limit or len(text) > limit * CHARS_PER_TOKEN:
             ids = ids[:limit] + self._encode(TRUNCATED)
         t.turn_ids = []
