@@ -174,15 +174,20 @@ def resolve_tasks(specs: list[str], target: Target, seed: int | None = None) -> 
         tasks.append(EvalTask(name, r.task, list(r.rewards), r.task.data_seed, f"run {target.run_dir}"))
     for spec in specs:
         p = Path(spec).expanduser()
-        if p.suffix in (".yaml", ".yml") or p.is_file():
+        try:
+            is_file = p.is_file()
+        except OSError:  # a name too long for a path (ENAMETOOLONG) is no file
+            is_file = False
+        if p.suffix in (".yaml", ".yml") or is_file:
             r = load_recipe(p)
             tasks.append(EvalTask(p.stem, r.task, list(r.rewards), r.task.data_seed, f"recipe {spec}"))
             continue
         names = _gym_names()
         if spec not in names:
-            close = difflib.get_close_matches(spec, names, n=3, cutoff=0.5)
+            close = difflib.get_close_matches(spec, names, n=3, cutoff=0.5) if len(spec) <= 200 else []
             hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-            raise ValueError(f"--task {spec}: not a recipe file nor a reasoning_gym generator{hint}")
+            shown = spec if len(spec) <= 80 else spec[:79] + "…"
+            raise ValueError(f"--task {shown}: not a recipe file nor a reasoning_gym generator{hint}")
         # a run's prompt format (system prompt, template) carries over to other tasks
         base = target.recipe.task if target.recipe is not None else TaskConfig(name=spec)
         cfg = TaskConfig(source="reasoning_gym", name=spec, system_prompt=base.system_prompt,

@@ -43,7 +43,7 @@ def _valid_keys(model: type[BaseModel] | None, loc: tuple[Any, ...]) -> list[str
 
 
 def _closest(key: str, valid: list[str]) -> str:
-    match = difflib.get_close_matches(key, valid, n=1, cutoff=0.4)
+    match = difflib.get_close_matches(key, valid, n=1, cutoff=0.4) if len(key) <= 200 else []
     if match:
         return f"; did you mean '{match[0]}'?"
     return f"; valid keys: {', '.join(valid)}" if valid else ""
@@ -53,7 +53,7 @@ def _format(err: ValidationError, prefix: tuple[Any, ...] = (), valid: list[str]
     lines = []
     for e in err.errors():
         loc = prefix + tuple(e["loc"])
-        dotted = ".".join(str(p) for p in loc) or "(recipe)"
+        dotted = _clip(".".join(str(p) for p in loc) or "(recipe)")  # a 1 MB key is not echoed whole
         if e["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
             keys = valid if valid is not None else _valid_keys(Recipe, loc)
             lines.append(f"unknown key '{dotted}'{_closest(str(loc[-1]), keys)}")
