@@ -76,3 +76,17 @@ def test_tool_output_cannot_forge_the_template_s_special_tokens() -> None:
     special = {gen.tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|im_start|>")}
     assert not special & set(tool.ids), tool.ids
     assert gen.tokenizer.decode(tool.ids) == Forger().calculate("") and len(tool.ids) > 20  # shown as text
+
+
+@pytest.mark.parametrize("expression", ["(-1)**0.5", "(-8)**(1/3)", "(2-3)**-0.5"])
+def test_a_complex_result_is_the_calculator_s_answer_not_a_tool_failure(expression: str) -> None:
+    """(-1) ** 0.5 is valid arithmetic whose value is complex: the calculator says so as its answer; it used to
+    raise a TypeError formatting the result, which the loop blamed on the environment and censored."""
+    from test_agent import CALL, agent, run
+
+    assert Calculator().calculate(expression) == "error: the result is not a real number"
+    ag, gen, prompt = agent({0: ["Let me see. " + CALL % expression, "Not a real number."]})
+    (r,) = run(ag, prompt)
+    tool = next(s for s in r.spans if s.role == "tool")
+    assert gen.tokenizer.decode(tool.ids) == "error: the result is not a real number"
+    assert r.finish_reason == "stop" and not any(k.startswith("agent/censored") and v for k, v in ag.metrics().items())

@@ -45,7 +45,10 @@ def safe_arithmetic(expression: str) -> int | float:
             left, right = value(node.left), value(node.right)
             if isinstance(node.op, ast.Pow) and (abs(right) > 64 or abs(left) > 10**6):
                 raise ValueError("exponent too large")
-            return _OPS[type(node.op)](left, right)
+            result = _OPS[type(node.op)](left, right)
+            if isinstance(result, complex):  # (-1) ** 0.5: a valid expression whose value is not a real number
+                raise ValueError("the result is not a real number")
+            return result
         if isinstance(node, ast.UnaryOp) and type(node.op) in _OPS:
             return _OPS[type(node.op)](value(node.operand))
         raise ValueError(f"not arithmetic: {ast.dump(node)[:40]}")
