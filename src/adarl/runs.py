@@ -75,9 +75,9 @@ def read_config(run_dir: Path) -> dict[str, Any]:
     try:
         loaded = yaml.safe_load(read_bytes_bounded(path, MAX_CONFIG_MB * MB).decode("utf-8", errors="replace"))
         _check_size(loaded, str(path))
-    except (yaml.YAMLError, RecursionError, ValueError) as err:
-        if isinstance(err, (UnsafeFile, RecipeError)):
-            raise UnsafeFile(str(err)) from None
+    except (UnsafeFile, RecipeError) as err:  # hostile: refused, naming the file
+        raise UnsafeFile(str(err)) from None
+    except (yaml.YAMLError, RecursionError, ValueError):  # not a recipe (a torn write): no config
         return {}
     return loaded if isinstance(loaded, dict) else {}
 

@@ -129,3 +129,57 @@ def test_the_report_s_moving_average_is_the_plain_definition() -> None:
     direct = np.array([y[max(0, i - window + 1): i + 1].mean() for i in range(len(y))])
     assert np.allclose(_smooth(y, window), direct, atol=1e-12)
     assert _smooth(y[:5], window) is not None and np.array_equal(_smooth(y[:5], window), y[:5])
+
+
+def _plant(run: Path, name: str, case: str) -> None:
+    path = run / name
+    if path.exists() or path.is_symlink():
+        path.unlink()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if case == "deep":
+        path.write_text(('{"step": 0, "x": ' + DEEP + "}\n") if name.endswith(".jsonl") else DEEP)
+    elif case == "long_number":
+        body = '{"step": 0, "tokens": ' + LONG_NUMBER + "}"
+        path.write_text(body + "\n" if name.endswith(".jsonl") else '{"tasks": {}, "n": ' + LONG_NUMBER + "}")
+    elif case == "sparse_huge":
+        with path.open("wb") as f:  # 2 GiB that take no disk: a reader that loads it whole needs the memory
+            f.truncate(2 << 30)
+    elif case == "billion_laughs":
+        lines = ["a: &a [x, x, x, x, x, x, x, x, x, x]"]
+        lines += [f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]"
+                  for p, c in zip("abcdefgh", "bcdefghi", strict=True)]
+        path.write_text("\n".join(lines) + "\nname: r\n")
+
+
+@pytest.mark.parametrize("name, case", [
+    ("metrics.jsonl", "sparse_huge"),
+    ("prompts.jsonl", "deep"),
+    ("prompts.jsonl", "long_number"),
+    ("rollouts.jsonl", "long_number"),
+    ("eval.json", "deep"),
+    ("eval_other.json", "sparse_huge"),
+    ("config.yaml", "sparse_huge"),
+    ("config.yaml", "billion_laughs"),
+])
+def test_every_run_file_a_reader_opens_is_bounded(name: str, case: str, tmp_path: Path) -> None:
+    """Each file of a run directory that `load_run` (report, compare, eval) reads, planted with a hostile
+    body: one UnsafeFile naming it, in bounded memory (the sparse 2 GiB file is refused by its size)."""
+    from adarl.runs import load_run, read_rollouts
+
+    run = a_run(tmp_path / "run")
+    _plant(run, name, case)
+    with pytest.raises(UnsafeFile, match=name.replace(".", r"\.")):
+        load_run(run)
+        read_rollouts(run)
+
+
+@pytest.mark.parametrize("case", ["long_number", "sparse_huge"])
+def test_a_hostile_comparison_json_is_refused_by_compare_s_readers(case: str, tmp_path: Path) -> None:
+    from adarl.comparison import aggregate_dir
+
+    cmp = tmp_path / "cmp"
+    for name in ("a", "b"):
+        a_run(cmp / name / "seed0")
+    _plant(cmp, "comparison.json", case)
+    with pytest.raises(UnsafeFile, match=r"comparison\.json"):
+        aggregate_dir(cmp)
