@@ -1,8 +1,9 @@
 """How rank 0 calls the learner ranks of a sharded run, and how every rank knows the others are alive.
 
 The other ranks (1..N-1) spend most of a run waiting for rank 0, which selects, generates and verifies
-between updates for as long as that takes. They wait on the rendezvous store (torchrun's, or the one rank 0
-hosts), not inside a collective, so no collective timeout has to cover generation:
+between updates for as long as that takes. They wait on the rendezvous store (torchrun's, rank 0's, or the
+file store of ranks adarl starts on one machine: train/rendezvous.py), not inside a collective, so no
+collective timeout has to cover generation:
 
 - rank 0 announces its n-th call under `call/<n>`: "call" (the call itself then goes out by broadcast,
   train/sharded.py) or "close" (no collective follows, so a run that failed can always let its ranks go);
@@ -28,6 +29,8 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
+from adarl.train import rendezvous
+
 STORE_ERRORS = (dist.DistError, RuntimeError, ConnectionError)
 
 
@@ -37,8 +40,7 @@ class RankFailure(RuntimeError):
 
 def _store(timeout_s: float) -> dist.Store:
     """A client of the run's rendezvous store, keys under this run's (and this restart's) prefix."""
-    base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                         timeout=timedelta(seconds=timeout_s))
+    base = rendezvous.connect(timedelta(seconds=timeout_s))
     run = f"{os.environ.get('TORCHELASTIC_RUN_ID', 'adarl')}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
     return dist.PrefixStore(f"adarl/{run}/", base)
 

@@ -5,8 +5,10 @@
 This process is rank 0, the one controller (train/sharded.py): selection, allocation, generation,
 verification, logging and the run directory stay here. It starts ranks 1..N-1 as `LearnerRank` actors
 in one placement group (`cluster.learner_resources` each), gives each what torchrun would (RANK,
-WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK) with the rendezvous on a free port of this process's
-address (loopback on a private cluster), and joins the process group after launching them. Each actor
+WORLD_SIZE, LOCAL_RANK) and where to meet, and joins the process group after launching them. On the
+private Ray (one machine) the ranks meet on a file store in a private directory and listen on loopback
+only, no port beyond the host; on a cluster (`cluster.address`) on a TCPStore at this node's address
+(MASTER_ADDR, MASTER_PORT), which listens on every interface (train/rendezvous.py). Each actor
 runs `adarl.train.build.follow(recipe)`: it builds the learner and serves rank 0's calls until the run
 closes.
 
@@ -20,15 +22,17 @@ from __future__ import annotations
 
 import os
 import re
-import socket
+import shutil
 import sys
 import threading
 import time
 from contextlib import suppress
+from pathlib import Path
 from typing import Any
 
-from adarl.cluster import LOOPBACK, connect, disconnect
+from adarl.cluster import connect, disconnect
 from adarl.config import Recipe
+from adarl.train import rendezvous
 
 CLOSE_S = 30.0  # after rank 0 released them, how long the ranks may take to end before they are killed
 
@@ -78,14 +82,17 @@ class RayLearnerRanks:
         self._watcher: threading.Thread | None = None
         bundle = {"CPU": res.num_cpus, **({"GPU": res.num_gpus} if res.num_gpus else {})}
         self._group = None
+        self._rendezvous_dir: Path | None = None  # the private Ray's file store: removed when the ranks are freed
         try:
             self._group = placement_group([dict(bundle) for _ in range(world - 1)], strategy=cluster.placement)
             if not ray.wait([self._group.ready()], timeout=cluster.health_timeout_s + 60)[0]:
                 raise RuntimeError(f"cluster: Ray could not place {world - 1} learner ranks of {bundle} (the "
                                    f"cluster has {ray.cluster_resources()}); lower cluster.learner_ranks or "
                                    "cluster.learner_resources")
-            address = LOOPBACK if cluster.address is None else ray.util.get_node_ip_address()
-            env = {"MASTER_ADDR": address, "MASTER_PORT": str(_free_port(address)), "WORLD_SIZE": str(world)}
+            if cluster.address is None:  # the private Ray: every rank on this machine
+                env, self._rendezvous_dir = rendezvous.single_host(world)
+            else:
+                env = rendezvous.network(ray.util.get_node_ip_address(), world)
             actor, threads = ray.remote(LearnerRank), res.threads or max(1, int(res.num_cpus))
             for r in range(1, world):
                 bundle_r = PlacementGroupSchedulingStrategy(self._group, placement_group_bundle_index=r - 1)
@@ -164,6 +171,9 @@ class RayLearnerRanks:
             self._group = None
         disconnect(self._started)
         self._started = False
+        if self._rendezvous_dir is not None:  # the ranks have ended, or were killed above
+            shutil.rmtree(self._rendezvous_dir, ignore_errors=True)
+            self._rendezvous_dir = None
 
     def close(self) -> str | None:
         """After rank 0's run (or its failure): release the ranks, wait for them to end, free their actors and
@@ -182,12 +192,6 @@ class RayLearnerRanks:
         sharded.end_distributed()
         self._free()
         return self.failure
-
-
-def _free_port(address: str) -> int:
-    with socket.socket() as s:
-        s.bind((address, 0))
-        return s.getsockname()[1]
 
 
 def _cuda() -> bool:

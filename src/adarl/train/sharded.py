@@ -34,6 +34,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from adarl.rollout.base import Weights
+from adarl.train import rendezvous
 from adarl.train.checkpoint import crash_point, load_dcp, read, save_dcp
 from adarl.train.control import STORE_ERRORS, Control
 from adarl.train.learner import Learner, StepData
@@ -60,7 +61,7 @@ def init_distributed(device: str = "auto", timeout_s: float | None = None, heart
         backend = "cpu:gloo,cuda:nccl" if cuda else "gloo"
         timeout = timedelta(seconds=timeout_s) if timeout_s else None
         if "WORLD_SIZE" in os.environ:
-            dist.init_process_group(backend, timeout=timeout)
+            dist.init_process_group(backend, timeout=timeout, **rendezvous.prepare())
         else:
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
         global _serving, _control
