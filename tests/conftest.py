@@ -44,6 +44,12 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # vLLM is in the default install, so `rollout.backend: auto` would start an engine in every trainer test;
 # tests of the vllm backend name it (tests/rollout/test_vllm.py, which also tests `auto` without this setting)
 os.environ.setdefault("ADARL_AUTO_BACKEND", "hf")
+# OpenMP threads sleep when idle instead of spinning: with two test workers (or a test and the processes it
+# starts) on 2 cores, spinning threads starve the other side several-fold (platform.md). Set before torch loads,
+# and inherited by every process a test starts.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+if os.environ.get("PYTEST_XDIST_WORKER"):  # one core per worker (`make test` runs 2): torch's default would take both
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 #: characters the tiny tokenizer knows, one token each
 TINY_CHARS = string.digits + string.ascii_letters + " \n" + "+-*/=?.,!:;()'\"<>{}[]_#%&$^|@~\\"
@@ -114,13 +120,128 @@ def hide_package(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
 
 
 @pytest.fixture(scope="session")
+def warm_python():
+    """`python -m` runs forked from one warm parent (tests/warm_python.py): for tests that start many processes."""
+    from warm_python import WarmPython
+
+    server = WarmPython()
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny local HF model folder, built once per session (treat it as read-only)."""
     return make_tiny_model_dir(tmp_path_factory.mktemp("tiny_model"))
 
 
+#: test files that share a resource run on one `make test` worker, one after another: the Ray tests each start
+#: a private cluster (and one checks what listens), so never two at once
+SHARED_GROUPS = {"ray": ("cluster/test_ray_pool.py", "cluster/test_ray_learners.py", "cluster/test_cluster_exposure.py",
+                         "hostile/test_swarm_hostile.py", "metrics/test_compare.py")}
+#: files whose tests share no module fixture and each run for long: spread over the workers test by test
+SPLIT_FILES = ("benchmarks/test_bench_smoke.py", "benchmarks/test_bench.py", "train/test_resume_components.py")
+#: the longest groups first (bench/results/test_profile/), so that no worker is left running one alone at the end
+LONGEST_FIRST = ("e2e/test_real_model.py", "ray", "train/test_sharded.py", "models/test_device.py",
+                 "train/test_crash.py", "benchmarks/test_bench_smoke.py", "rollout/test_vllm.py",
+                 "train/test_resume_components.py", "benchmarks/test_bench.py")
+
+
+def _group(nodeid: str) -> str:
+    """The unit a `make test` worker takes whole: the test's file (its module fixtures are built once), the
+    group of files sharing a resource, or, for a SPLIT_FILES file, the test alone."""
+    file = nodeid.split("::")[0].removeprefix("tests/")
+    for name, files in SHARED_GROUPS.items():
+        if file in files:
+            return name
+    return nodeid if file in SPLIT_FILES else file
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist: without it installed, never called
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """`--dist loadgroup` with the groups above (xdist's own reads `xdist_group` marks from node ids, which
+    pytest 9 no longer lets a plugin change): each worker takes one group at a time, in collection order."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _group(nodeid)
+
+    return GroupScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark `model` every test that uses a model-building fixture or is `slow` (see the module docstring)."""
+    """Mark `model` every test that uses a model-building fixture or is `slow` (see the module docstring);
+    under xdist, put the longest groups first (run with --no-loadscope-reorder, xdist keeps this order)."""
     for item in items:
         if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())) or item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.model)
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+
+        def first(item: pytest.Item) -> int:
+            group = _group(item.nodeid)
+            return rank.get(group, rank.get(item.nodeid.split("::")[0].removeprefix("tests/"), len(rank)))
+
+        items.sort(key=first)  # stable: the order inside a file is kept
+
+
+# ---------------------------------------------------------------- processes a test module leaves running
+
+#: every process a test starts inherits this (a fresh env, as some hostile tests build, does not: those
+#: processes are the test's own to end); the module check below ends what is still running after the module
+OWNER = "ADARL_TEST_OWNER"
+os.environ[OWNER] = str(os.getpid())  # each xdist worker its own, so one never ends the other's processes
+#: long-lived helpers that a process starts once for its life (ending them only makes it start another)
+_KEEP = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
+
+
+def _owned_processes() -> dict:
+    """Processes carrying this process's OWNER mark (children, or orphans of a killed child), but not itself."""
+    import psutil
+
+    mark = f"{OWNER}={os.getpid()}".encode()
+    found = {}
+    for proc in psutil.process_iter(["pid", "status", "cmdline"]):
+        if proc.pid == os.getpid() or proc.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        try:
+            with open(f"/proc/{proc.pid}/environ", "rb") as f:
+                owned = mark + b"\0" in f.read() + b"\0"
+        except OSError:
+            continue
+        if owned and not any(k in " ".join(proc.info["cmdline"] or ()) for k in _KEEP):
+            found[proc.pid] = proc
+    return found
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _end_leftover_processes(request: pytest.FixtureRequest):
+    """After a test module (its fixtures torn down), end the processes it left running, and say so.
+
+    A process left running (a Ray daemon orphaned by a killed run, a worker pool never closed) takes CPU from
+    every later test on 2 cores, so a whole-suite run slows down as it goes. The warning names the module.
+    """
+    import warnings
+
+    import psutil
+
+    before = set(_owned_processes())
+    yield
+    left = [p for pid, p in _owned_processes().items() if pid not in before]
+    if not left:
+        return
+    _, alive = psutil.wait_procs(left, timeout=3)  # a pool shutting down on its own gets a moment
+    if not alive:
+        return
+    names = []
+    for proc in alive:
+        try:
+            names.append(f"{proc.pid} {' '.join(proc.cmdline())[:120]} ({sum(proc.cpu_times()[:2]):.1f} s CPU)")
+            proc.kill()
+        except psutil.Error:
+            pass
+    warnings.warn(f"{request.node.nodeid} left {len(alive)} processes running, ended now: " + "; ".join(names),
+                  pytest.PytestWarning, stacklevel=1)

@@ -1,8 +1,9 @@
 """Every benchmark script runs to its end at its smallest setting, through its real entry point (issue 38).
 
-Each test starts `python bench/<name>.py --smoke ...` (or the script's own smallest flags) in a subprocess on
-the tiny random model, with the hf backend and no network, and checks the result it wrote: the counts it was
-asked for, both sides ran, ratios positive and finite. The times and figures mean nothing here.
+Each test starts `python bench/<name>.py --smoke ...` (or the script's own smallest flags) as a process of its
+own (forked from a warm parent: tests/warm_python.py) on the tiny random model, with the hf backend and no
+network, and checks the result it wrote: the counts it was asked for, both sides ran, ratios positive and
+finite. The times and figures mean nothing here.
 bench/vs_trl.py is tested in test_bench.py, bench/gpu_check.py in tests/models/test_device.py.
 """
 
@@ -12,8 +13,6 @@ import json
 import math
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,14 +21,23 @@ ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = str(ROOT / "recipes" / "quickstart.yaml")
 
 
+_WARM: list = []  # the session's warm parent (tests/warm_python.py), set for each test by `warm` below
+
+
+@pytest.fixture(autouse=True)
+def warm(warm_python):
+    _WARM[:] = [warm_python]
+
+
 def bench(name: str, *args: str, cwd: Path, returncode: int = 0, timeout: float = 300) -> str:
     """Run bench/<name>.py with `args` in `cwd` (a temporary folder: nothing is written into the repository);
-    its stdout, after asserting its exit status."""
+    its stdout, after asserting its exit status. A process of its own, forked from the warm parent (the
+    script's imports of torch and transformers are already done: tests/warm_python.py)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "ADARL_AUTO_BACKEND": "hf",
            "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / f"{name}.py"), *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    proc = _WARM[0].run_script(ROOT / "bench" / f"{name}.py", list(args), env=env, cwd=cwd, timeout=timeout,
+                               stderr_apart=True)
     assert proc.returncode == returncode, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout
 

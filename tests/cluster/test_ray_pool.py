@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -233,7 +232,7 @@ def test_a_trainer_on_the_pool_trains_on_the_in_process_groups(tiny_model_dir, t
 
 
 @pytest.mark.usefixtures("local_ray", "tests_on_path")
-def test_a_run_killed_mid_step_resumes_on_the_pool(tiny_model_dir, tmp_path):
+def test_a_run_killed_mid_step_resumes_on_the_pool(tiny_model_dir, tmp_path, warm_python):
     tests = Path(__file__).parents[1]
     task = write_task(tmp_path)
     straight = Trainer(load_recipe(data=_recipe(tiny_model_dir, task, **RAY)), tmp_path / "straight")
@@ -244,9 +243,8 @@ def test_a_run_killed_mid_step_resumes_on_the_pool(tiny_model_dir, tmp_path):
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(yaml.safe_dump(_recipe(tiny_model_dir, task, **RAY)))
     env = {**os.environ, "PYTHONPATH": str(tests), "OMP_NUM_THREADS": "1", "ADARL_TEST_KILL": "generate@3+0.2"}
-    killed = subprocess.run([sys.executable, "-m", "adarl.cli", "train", str(recipe), "--run-dir",
-                             str(tmp_path / "split")], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, timeout=300)
+    killed = warm_python.run_module("adarl.cli", ["train", str(recipe), "--run-dir", str(tmp_path / "split")],
+                                    env=env, cwd=ROOT, timeout=300)  # a process of its own, forked warm
     assert killed.returncode == -9, killed.stdout  # SIGKILLed inside step 3's generation, on the pool
     resumed = Trainer(load_recipe(tmp_path / "split" / "config.yaml"), tmp_path / "split")
     try:

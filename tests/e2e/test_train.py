@@ -89,8 +89,10 @@ def _rows(run: Path) -> list[dict]:
     return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in rows]
 
 
-def test_resume_after_hard_kill_is_exact(tiny_model_dir, tmp_path, tests_on_path):
-    """N steps straight == N/2 steps, SIGKILL, --resume: same weights, same metrics."""
+def test_resume_after_hard_kill_is_exact(tiny_model_dir, tmp_path, tests_on_path, warm_python):
+    """N steps straight == N/2 steps, SIGKILL, --resume: same weights, same metrics. The straight and the
+    resumed runs are processes forked from a warm parent (tests/warm_python.py); the killed one is a plain
+    process, killed from here."""
     data = recipe_data(tiny_model_dir, write_task(tmp_path), budget={"max_steps": 6},
                        checkpoint={"every": 1, "keep": 2}, deterministic=True)
     recipe = tmp_path / "recipe.yaml"
@@ -98,9 +100,10 @@ def test_resume_after_hard_kill_is_exact(tiny_model_dir, tmp_path, tests_on_path
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1"}
 
-    straight = _run_cli([str(recipe), "--run-dir", str(tmp_path / "straight")], env)
-    assert straight.wait(timeout=300) == 0, straight.stdout.read()
-    said = straight.stdout.read().splitlines()
+    straight = warm_python.run_module("adarl.cli", ["train", str(recipe), "--run-dir", str(tmp_path / "straight")],
+                                      env=env, cwd=ROOT, timeout=300)
+    assert straight.returncode == 0, straight.stdout
+    said = straight.stdout.splitlines()
     done = next(i for i, line in enumerate(said) if line.startswith("done: "))
     assert said[done].startswith("done: step=6") and str(tmp_path / "straight") in said[done]
     # the end-of-run lines name the report (health flags, if any, follow)
@@ -117,9 +120,10 @@ def test_resume_after_hard_kill_is_exact(tiny_model_dir, tmp_path, tests_on_path
     proc.wait()
     assert not (killed_dir / "final").exists()
 
-    resumed = _run_cli(["--resume", str(killed_dir)], env)
-    assert resumed.wait(timeout=300) == 0, resumed.stdout.read()
-    said = resumed.stdout.read()
+    resumed = warm_python.run_module("adarl.cli", ["train", "--resume", str(killed_dir)], env=env, cwd=ROOT,
+                                     timeout=300)
+    assert resumed.returncode == 0, resumed.stdout
+    said = resumed.stdout
     assert f"resume: continuing {killed_dir} from step " in said, said
     assert "done: step=6, tokens=" in said and f"report: {killed_dir / 'report.html'}" in said, said
 

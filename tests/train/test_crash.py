@@ -25,7 +25,6 @@ import json
 import os
 import random
 import subprocess
-import sys
 from pathlib import Path
 
 import torch
@@ -35,6 +34,7 @@ from safetensors.torch import load_file
 from adarl.config import load_recipe, resolve_backend
 from adarl.metrics.step import TIMING_KEYS
 from adarl.train import checkpoint
+from warm_python import WarmPython
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 8
@@ -109,13 +109,14 @@ def plan(rng: random.Random) -> list[tuple[str, int, float]]:
     return out
 
 
-def cli(args: list[str], kill: str | None = None) -> subprocess.CompletedProcess:
+def cli(python: WarmPython, args: list[str], kill: str | None = None) -> subprocess.CompletedProcess:
+    """`python -m adarl.cli train *args` as a process of its own, forked from a warm parent (one import of
+    torch for all 29 runs; tests/warm_python.py): stdout and stderr together."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1]), "OMP_NUM_THREADS": "1"}
     env.pop("ADARL_TEST_KILL", None)
     if kill:
         env["ADARL_TEST_KILL"] = kill
-    return subprocess.run([sys.executable, "-m", "adarl.cli", "train", *args], cwd=ROOT, env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    return python.run_module("adarl.cli", ["train", *args], env=env, cwd=ROOT, timeout=300)
 
 
 def rows_of(run: Path) -> list[dict]:
@@ -181,7 +182,7 @@ def tb_steps(tb_dir: Path, tag: str) -> list[tuple[int, float]]:
     return [(e.step, e.value) for e in acc.Scalars(tag)]
 
 
-def test_sigkill_at_random_points_then_resume_is_exact(tiny_model_dir, tmp_path):
+def test_sigkill_at_random_points_then_resume_is_exact(tiny_model_dir, tmp_path, warm_python):
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(yaml.safe_dump(crash_recipe(tiny_model_dir, write_task(tmp_path / "prompts.jsonl"))))
     loaded = load_recipe(recipe)
@@ -190,7 +191,7 @@ def test_sigkill_at_random_points_then_resume_is_exact(tiny_model_dir, tmp_path)
 
     # the uninterrupted run keeps every checkpoint, to compare each of the killed run's with
     straight = tmp_path / "straight"
-    done = cli([str(recipe), "--run-dir", str(straight), f"checkpoint.keep={STEPS}",
+    done = cli(warm_python, [str(recipe), "--run-dir", str(straight), f"checkpoint.keep={STEPS}",
                 f"checkpoint.keep_final={STEPS}"])
     assert done.returncode == 0, done.stdout
     assert len(checkpoint.list_checkpoints(straight / "checkpoints")) == STEPS
@@ -202,7 +203,7 @@ def test_sigkill_at_random_points_then_resume_is_exact(tiny_model_dir, tmp_path)
     for i, (phase, step, delay) in enumerate(trials):
         kill = f"{phase}@{step}" + (f"+{delay}" if delay else "")
         args = [str(recipe), "--run-dir", str(run)] if i == 0 else ["--resume", str(run)]
-        proc = cli(args, kill)
+        proc = cli(warm_python, args, kill)
         assert proc.returncode == -9, f"trial {i} ({kill}) was not killed:\n{proc.stdout}"
         assert "ADARL_TEST_KILL: SIGKILL" in proc.stdout and kill.partition("+")[0] in proc.stdout, proc.stdout
         if i > 0:  # it resumed from the checkpoint the previous kill left, or started over
@@ -212,7 +213,7 @@ def test_sigkill_at_random_points_then_resume_is_exact(tiny_model_dir, tmp_path)
         latest = resume_point(phase, step)
         check_run_dir(run, straight, config, latest)
 
-    proc = cli(["--resume", str(run)])
+    proc = cli(warm_python, ["--resume", str(run)])
     assert proc.returncode == 0, proc.stdout
     assert f"from step {latest} " in proc.stdout
     check_run_dir(run, straight, config, STEPS)

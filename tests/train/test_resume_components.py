@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -115,7 +113,7 @@ def rows(run: Path) -> list[dict]:
 
 
 @pytest.mark.parametrize("name", list(WALK))
-def test_component_state_resumes_exactly(name, tiny_model_dir, tmp_path, monkeypatch):
+def test_component_state_resumes_exactly(name, tiny_model_dir, tmp_path, monkeypatch, warm_python):
     tests = Path(__file__).parents[1]
     monkeypatch.syspath_prepend(str(tests))
     task = write_task(tmp_path)
@@ -127,9 +125,8 @@ def test_component_state_resumes_exactly(name, tiny_model_dir, tmp_path, monkeyp
     # this checkout's src first: an editable install of another checkout must not answer the subprocess
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(tests)]), "OMP_NUM_THREADS": "1",
            "ADARL_TEST_KILL": "generate@3"}
-    killed = subprocess.run([sys.executable, "-m", "adarl.cli", "train", str(recipe), "--run-dir",
-                             str(tmp_path / "split")], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, timeout=300)
+    killed = warm_python.run_module("adarl.cli", ["train", str(recipe), "--run-dir", str(tmp_path / "split")],
+                                    env=env, cwd=ROOT, timeout=300)  # a process of its own, forked warm
     assert killed.returncode == -9, killed.stdout  # SIGKILL on entering step 3's generation
     resumed = Trainer(load_recipe(tmp_path / "split" / "config.yaml"), tmp_path / "split")
     resumed.run(resume=True)
