@@ -18,6 +18,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -423,11 +424,43 @@ def _as_id_list(out: Any) -> list[int]:
 def chat_ids(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]]) -> list[int]:
     """Token ids of a chat, ending with the assistant's generation prompt.
 
-    Uses the tokenizer's chat template; without one, the contents are joined with newlines.
+    Uses the tokenizer's chat template; without one, the contents are joined with newlines. A message whose
+    content holds a special token's text (``<|im_end|>`` in a dataset row or an environment's observation)
+    cannot end its turn or open another: its contents are encoded as plain text (`_escaped_chat_ids`).
     """
     if getattr(tokenizer, "chat_template", None):
+        specials = special_texts(tokenizer)
+        if any(sp in str(m.get("content", "")) for m in messages for sp in specials):
+            return _escaped_chat_ids(tokenizer, messages)
         out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
                                             return_dict=False)
         return _as_id_list(out)
     text = "\n".join(str(m["content"]) for m in messages)
-    return _as_id_list(tokenizer(text)["input_ids"])
+    return _as_id_list(tokenizer(text, split_special_tokens=True)["input_ids"])
+
+
+def special_texts(tokenizer: PreTrainedTokenizerBase) -> list[str]:
+    """The texts the tokenizer turns into special tokens (its special tokens and added tokens marked special)."""
+    texts = set(getattr(tokenizer, "all_special_tokens", []) or [])
+    texts |= {t.content for t in (getattr(tokenizer, "added_tokens_decoder", {}) or {}).values()
+              if getattr(t, "special", False)}
+    return sorted(t for t in texts if t)
+
+
+_SLOT = "\ue000{}\ue001"  # private-use characters: no template writes them
+_SLOTS = re.compile("\ue000(\\d+)\ue001")
+
+
+def _escaped_chat_ids(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]]) -> list[int]:
+    """The template rendered around numbered slots, then each slot's content encoded with special tokens split
+    into plain text and the template's own text encoded as usual."""
+    slotted = [{**m, "content": _SLOT.format(i)} for i, m in enumerate(messages)]
+    rendered = tokenizer.apply_chat_template(slotted, add_generation_prompt=True, tokenize=False)
+    ids: list[int] = []
+    at = 0
+    for match in _SLOTS.finditer(rendered):
+        ids += tokenizer.encode(rendered[at:match.start()], add_special_tokens=False)
+        content = str(messages[int(match.group(1))].get("content", ""))
+        ids += tokenizer.encode(content, add_special_tokens=False, split_special_tokens=True)
+        at = match.end()
+    return ids + tokenizer.encode(rendered[at:], add_special_tokens=False)
