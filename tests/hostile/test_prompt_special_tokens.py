@@ -39,10 +39,9 @@ def test_special_token_text_in_a_message_is_plain_text(role: str) -> None:
 def test_an_environment_observation_cannot_open_a_turn() -> None:
     """The agent loop appends a reset observation to the first user message; an observation that prints the
     template's marks stays inside that message."""
-    from test_agent import agent
-
     from adarl.rollout.tools import Calculator
     from adarl.types import Problem
+    from test_agent import agent
 
     class Observer(Calculator):
         def reset(self, **row):
