@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mkdocs.structure.files import File, Files
+from mkdocs.structure.files import File, Files, InclusionLevel
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ("recipes", "bench/results")
@@ -19,6 +19,8 @@ def on_files(files: Files, config) -> Files:
     for folder in SHARED:
         for path in sorted((ROOT / folder).rglob("*")):
             if path.is_file():
-                files.append(File.generated(config, "repo/" + path.relative_to(ROOT).as_posix(),
-                                            abs_src_path=str(path)))
+                file = File.generated(config, "repo/" + path.relative_to(ROOT).as_posix(), abs_src_path=str(path))
+                if file.is_documentation_page():  # a results folder's README.md: served, not a page of the nav
+                    file.inclusion = InclusionLevel.NOT_IN_NAV
+                files.append(file)
     return files
