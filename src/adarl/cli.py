@@ -390,5 +390,22 @@ def report(
     typer.echo(f"wrote {path}")
 
 
+def main() -> None:
+    """The `adarl` command: the app, with a path too long for the system (a 5,000-character argument) as one
+    error line instead of an OSError traceback from wherever the path was first touched."""
+    import errno
+
+    try:
+        app()
+    except OSError as err:
+        if err.errno != errno.ENAMETOOLONG:
+            raise
+        name = str(err.filename or "")
+        shown = name if len(name) <= 80 else name[:79] + "…"
+        typer.secho(f"error: a path is too long for this system ({len(name):,} characters): {shown}",
+                    fg=typer.colors.RED, err=True)
+        sys.exit(2)
+
+
 if __name__ == "__main__":
-    sys.exit(app())
+    main()

@@ -3,8 +3,12 @@ traceback."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from adarl import cli
@@ -26,3 +30,25 @@ def test_a_task_name_too_long_for_a_path_is_one_error(tiny_model_dir: Path) -> N
     assert result.exit_code == 2, result.output
     assert "not a recipe file nor a reasoning_gym generator" in result.output and len(result.output) < 1000
     assert "File name too long" not in result.output
+
+
+LONG = "t" * 5000
+
+
+@pytest.mark.parametrize("args", [
+    ["train", LONG],
+    ["train", "RECIPE", "--run-dir", "/tmp/" + LONG],
+    ["train", "--resume", LONG],
+    ["report", LONG],
+    ["eval", LONG, "--task", "chain_sum"],
+    ["compare", LONG, "--budget-tokens", "10"],
+], ids=["recipe", "run_dir", "resume", "report", "eval_model", "compare_recipe"])
+def test_a_path_too_long_for_the_system_is_one_error_line(args: list[str]) -> None:
+    """Each of these touched the path first somewhere else, and each ended in an OSError traceback (File name
+    too long); the command now says it in one line, the path clipped."""
+    args = [str(ROOT / "recipes" / "quickstart.yaml") if a == "RECIPE" else a for a in args]
+    proc = subprocess.run([sys.executable, "-m", "adarl.cli", *args], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    assert proc.returncode == 2, proc.stderr[-500:]
+    assert "Traceback" not in proc.stderr and proc.stderr.strip().count("\n") == 0, proc.stderr[-500:]
+    assert "a path is too long for this system (5," in proc.stderr and len(proc.stderr) < 400
