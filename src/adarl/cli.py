@@ -390,7 +390,7 @@ def report(
     typer.echo(f"wrote {path}")
 
 
-def main() -> None:
+def entry() -> None:
     """The `adarl` command: the app, with a path too long for the system (a 5,000-character argument) as one
     error line instead of an OSError traceback from wherever the path was first touched."""
     import errno
@@ -408,4 +408,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    entry()
