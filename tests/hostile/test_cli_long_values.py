@@ -42,7 +42,12 @@ LONG = "t" * 5000
     ["report", LONG],
     ["eval", LONG, "--task", "chain_sum"],
     ["compare", LONG, "--budget-tokens", "10"],
-], ids=["recipe", "run_dir", "resume", "report", "eval_model", "compare_recipe"])
+    ["compare", "RECIPE", "--budget-tokens", "10", "--out", "/tmp/" + LONG],
+    ["sft", LONG],
+    ["eval", "smollm2-135m", "--task", LONG + ".yaml"],
+    ["train", "RECIPE", "model.path=" + "v" * 100_000],
+], ids=["recipe", "run_dir", "resume", "report", "eval_model", "compare_recipe", "compare_out", "sft_recipe",
+        "eval_task_recipe", "model_path"])
 def test_a_path_too_long_for_the_system_is_one_error_line(args: list[str]) -> None:
     """Each of these touched the path first somewhere else, and each ended in an OSError traceback (File name
     too long); the command now says it in one line, the path clipped."""
@@ -51,4 +56,11 @@ def test_a_path_too_long_for_the_system_is_one_error_line(args: list[str]) -> No
                           env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
     assert proc.returncode == 2, proc.stderr[-500:]
     assert "Traceback" not in proc.stderr and proc.stderr.strip().count("\n") == 0, proc.stderr[-500:]
-    assert "a path is too long for this system (5," in proc.stderr and len(proc.stderr) < 400
+    assert "a path is too long for this system (" in proc.stderr and len(proc.stderr) < 400
+
+
+def test_a_huge_generator_name_is_not_echoed_whole(tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli.app, ["train", str(ROOT / "recipes" / "quickstart.yaml"),
+                                          "task.name=" + "v" * 100_000, "--run-dir", str(tmp_path / "run")])
+    assert result.exit_code == 2 and "unknown reasoning_gym generator 'vvv" in result.output
+    assert len(result.output) < 1000, len(result.output)
