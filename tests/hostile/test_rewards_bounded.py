@@ -90,3 +90,26 @@ def test_a_complex_result_is_the_calculator_s_answer_not_a_tool_failure(expressi
     tool = next(s for s in r.spans if s.role == "tool")
     assert gen.tokenizer.decode(tool.ids) == "error: the result is not a real number"
     assert r.finish_reason == "stop" and not any(k.startswith("agent/censored") and v for k, v in ag.metrics().items())
+
+
+@pytest.mark.parametrize("plant", ["fifo", "symlink", "folder", "out_is_a_file"])
+def test_the_corpus_generator_refuses_an_out_it_would_block_on_or_write_through(plant: str, tmp_path: Path) -> None:
+    """`python -m adarl.tasks.text_to_sql_corpus --out DIR`: a FIFO named like a corpus file blocked the
+    write forever; a link was written through. Each is one error line, and nothing is written."""
+    out = tmp_path / "corpus"
+    out.mkdir()
+    target = out / "questions.jsonl"
+    if plant == "fifo":
+        os.mkfifo(target)
+    elif plant == "symlink":
+        target.symlink_to(tmp_path / "elsewhere.txt")
+    elif plant == "folder":
+        target.mkdir()
+    else:
+        out.rmdir()
+        out.write_text("a file")
+    proc = subprocess.run([sys.executable, "-m", "adarl.tasks.text_to_sql_corpus", "--out", str(out)],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    assert proc.returncode == 2 and proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr, proc.stderr
+    assert not (tmp_path / "elsewhere.txt").exists() and not (out.is_dir() and (out / "shop.sql").exists())

@@ -349,7 +349,19 @@ def build(seed: int = SEED) -> tuple[dict[str, str], list[dict[str, Any]]]:
 
 
 def write(out: Path, seed: int = SEED) -> None:
-    """Write the corpus (`<db>.sql` and `questions.jsonl`) into `out`."""
+    """Write the corpus (`<db>.sql` and `questions.jsonl`) into `out`, a folder. A name there that is not a
+    regular file (a FIFO would block the write forever, a device or a folder is not the corpus) is an error,
+    before anything is written."""
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise ValueError(f"the corpus seed must be an integer, got {seed!r}")
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out}: not a folder")
+    for name in [*(f"{db}.sql" for db in BUILDERS), "questions.jsonl"]:
+        target = out / name
+        if target.is_symlink() or (target.exists() and not target.is_file()):
+            raise ValueError(f"{target}: not a regular file (a link, FIFO, device or folder); the corpus is not "
+                             "written over it")
     scripts, questions = build(seed)
     out.mkdir(parents=True, exist_ok=True)
     for name, text in scripts.items():
@@ -361,7 +373,10 @@ def write(out: Path, seed: int = SEED) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "data" / "text_to_sql")
-    write(parser.parse_args().out)
+    try:
+        write(parser.parse_args().out)
+    except (ValueError, OSError) as err:
+        parser.exit(2, f"error: {err}\n")
 
 
 if __name__ == "__main__":
