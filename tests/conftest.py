@@ -239,7 +239,7 @@ def _end_leftover_processes(request: pytest.FixtureRequest):
     names = []
     for proc in alive:
         try:
-            names.append(f"{proc.pid} {' '.join(proc.cmdline())[:120]} ({sum(proc.cpu_times()[:2]):.1f} s CPU)")
+            names.append(f"{proc.pid} {' '.join(proc.cmdline()).strip()[:120]} ({sum(proc.cpu_times()[:2]):.1f} s CPU)")
             proc.kill()
         except psutil.Error:
             pass
