@@ -18,6 +18,12 @@ build). A test gets `model` automatically when it uses a fixture in `MODEL_FIXTU
 another fixture) or is `slow`; a test that builds a model otherwise, or is heavy, says so
 (`pytestmark = pytest.mark.heavy` for a file, `@pytest.mark.model` for a test). `make test-fast` leaves all
 three out (the formulas, config, parsers, tasks and hostile inputs stay); `make test` runs everything.
+
+`make test` runs two pytest-xdist workers: each takes a whole file, or a group of files sharing a resource
+(`SHARED_GROUPS`), or one test of a `SPLIT_FILES` file, the longest first (`LONGEST_FIRST`); each runs torch on
+one thread. A test that starts `python -m adarl.cli ...` or a bench script many times uses the session fixture
+`warm_python` (tests/warm_python.py: forked from a warm parent). After each module, processes the module left
+running are ended with a warning. The budget and how to stay in it: docs/contributing.md.
 """
 
 from __future__ import annotations
@@ -194,8 +200,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 #: processes are the test's own to end); the module check below ends what is still running after the module
 OWNER = "ADARL_TEST_OWNER"
 os.environ[OWNER] = str(os.getpid())  # each xdist worker its own, so one never ends the other's processes
-#: long-lived helpers that a process starts once for its life (ending them only makes it start another)
-_KEEP = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
+#: long-lived helpers that a process starts once for its life and ends at its exit (ending them early only
+#: makes it start another, or fail at exit: wandb's service)
+_KEEP = ("multiprocessing.resource_tracker", "multiprocessing.forkserver", "wandb-core")
 
 
 def _owned_processes() -> dict:
@@ -221,8 +228,9 @@ def _owned_processes() -> dict:
 def _end_leftover_processes(request: pytest.FixtureRequest):
     """After a test module (its fixtures torn down), end the processes it left running, and say so.
 
-    A process left running (a Ray daemon orphaned by a killed run, a worker pool never closed) takes CPU from
-    every later test on 2 cores, so a whole-suite run slows down as it goes. The warning names the module.
+    A busy process left running (a Ray daemon orphaned by a killed run, a worker pool never closed) would take
+    CPU from every later test on 2 cores; the whole-suite profile of issue 48 found only idle ones
+    (bench/results/test_profile/), and this keeps it so. The warning names the module.
     """
     import warnings
 
