@@ -92,3 +92,18 @@ def test_a_gguf_carried_in_pieces_loads_with_its_weights(tmp_path: Path) -> None
     for name in ("model.embed_tokens.weight", "model.layers.1.mlp.down_proj.weight",
                  "model.layers.0.self_attn.q_proj.weight"):
         assert torch.allclose(state[name], torch.from_numpy(weights[name]), atol=1e-6), name
+
+
+def test_the_script_runs_as_the_gpu_machine_runs_it(tmp_path: Path) -> None:
+    """`python3 bench/gpu_carry.py split|receive|assemble` as processes, as bench/gpu_lease.sh calls them."""
+    import subprocess
+
+    data = some_file(tmp_path / "m.gguf", 5000)
+    script = [sys.executable, str(ROOT / "bench" / "gpu_carry.py")]
+    run = lambda *a: subprocess.run([*script, *a], capture_output=True, text=True, timeout=120)  # noqa: E731
+    split_ = run("split", "--source", str(tmp_path / "m.gguf"), "--out", str(tmp_path / "carry"), "--pieces", "2")
+    assert split_.returncode == 0 and "piece1" in split_.stdout, split_.stderr
+    for i in (0, 1):
+        assert run("receive", str(tmp_path / "carry" / f"piece{i}"), "--store", str(tmp_path / "s")).returncode == 0
+    done = run("assemble", "--store", str(tmp_path / "s"))
+    assert done.returncode == 0 and Path(done.stdout.strip()).read_bytes() == data
