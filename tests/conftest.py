@@ -23,7 +23,8 @@ three out (the formulas, config, parsers, tasks and hostile inputs stay); `make 
 (`SHARED_GROUPS`), or one test of a `SPLIT_FILES` file, the longest first (`LONGEST_FIRST`); each runs torch on
 one thread. A test that starts `python -m adarl.cli ...` or a bench script many times uses the session fixture
 `warm_python` (tests/warm_python.py: forked from a warm parent). After each module, processes the module left
-running are ended with a warning. The budget and how to stay in it: docs/contributing.md.
+running are ended with a warning, and os.environ and torch's threads are put back. The budget and how to stay
+in it: docs/contributing.md.
 """
 
 from __future__ import annotations
@@ -222,6 +223,31 @@ def _owned_processes() -> dict:
         if owned and not any(k in " ".join(proc.info["cmdline"] or ()) for k in _KEEP):
             found[proc.pid] = proc
     return found
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _restore_process_state():
+    """After a test module, undo what it changed in this process for the modules after it: `os.environ`, and
+    torch's thread count and `torch.set_num_threads` itself.
+
+    vLLM's in-process engine (tests/rollout/test_vllm.py) adds LD_PRELOAD and a dozen variables to os.environ,
+    which every process started later would inherit, and replaces `torch.set_num_threads` with a no-op for the
+    rest of the process; a recipe's `model.threads` sets the count for the whole process. Measured in
+    bench/results/test_profile/ (no cost found, but a later test should see the suite's state, not its luck).
+    """
+    env = dict(os.environ)
+    torch = sys.modules.get("torch")
+    threads = torch.get_num_threads() if torch is not None else None
+    yield
+    if dict(os.environ) != env:
+        os.environ.clear()
+        os.environ.update(env)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        if torch.set_num_threads is not torch._C.set_num_threads:
+            torch.set_num_threads = torch._C.set_num_threads
+        if threads is not None and torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
 
 
 @pytest.fixture(autouse=True, scope="module")
