@@ -81,8 +81,9 @@ class WarmPython:
         return subprocess.CompletedProcess(argv, answer["returncode"], stdout=stdout, stderr=stderr)
 
     def close(self) -> None:
-        self._proc.stdin.close()
+        self._proc.stdin.close()  # the server's loop ends
         self._proc.wait(timeout=30)
+        self._proc.stdout.close()
 
 
 # ---------------------------------------------------------------- the server side

@@ -21,12 +21,12 @@ ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = str(ROOT / "recipes" / "quickstart.yaml")
 
 
-_WARM: list = []  # the session's warm parent (tests/warm_python.py), set for each test by `warm` below
+_TEST: list = []  # the running test's request: `bench` asks it for the session's warm parent when it needs one
 
 
 @pytest.fixture(autouse=True)
-def warm(warm_python):
-    _WARM[:] = [warm_python]
+def current_test(request):
+    _TEST[:] = [request]
 
 
 def bench(name: str, *args: str, cwd: Path, returncode: int = 0, timeout: float = 300) -> str:
@@ -36,8 +36,9 @@ def bench(name: str, *args: str, cwd: Path, returncode: int = 0, timeout: float 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "ADARL_AUTO_BACKEND": "hf",
            "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
-    proc = _WARM[0].run_script(ROOT / "bench" / f"{name}.py", list(args), env=env, cwd=cwd, timeout=timeout,
-                               stderr_apart=True)
+    warm = _TEST[0].getfixturevalue("warm_python")  # started once per session, by the first test needing it
+    proc = warm.run_script(ROOT / "bench" / f"{name}.py", list(args), env=env, cwd=cwd, timeout=timeout,
+                           stderr_apart=True)
     assert proc.returncode == returncode, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout
 
