@@ -160,6 +160,10 @@ def _plant(run: Path, name: str, case: str) -> None:
     ("eval_other.json", "sparse_huge"),
     ("config.yaml", "sparse_huge"),
     ("config.yaml", "billion_laughs"),
+    ("rollouts.jsonl", "deep"),
+    ("rollouts.jsonl", "sparse_huge"),
+    ("prompts.jsonl", "sparse_huge"),
+    ("eval.json", "long_number"),
 ])
 def test_every_run_file_a_reader_opens_is_bounded(name: str, case: str, tmp_path: Path) -> None:
     """Each file of a run directory that `load_run` (report, compare, eval) reads, planted with a hostile
