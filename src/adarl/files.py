@@ -4,6 +4,7 @@ bounded reads of files adarl did not necessarily write (below)."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,38 @@ def atomic_write_text(path: Path, text: str) -> None:
 MAX_JSON_DEPTH = 64  # what adarl writes nests a few levels
 MAX_NUMBER_CHARS = 64  # a float64 prints in at most 24; an int adarl writes in at most 20
 MB = 1 << 20
+_JSON_SPECIAL = re.compile(rb'[\[\]{}"\\\n]')
+
+
+def scan_depth(chunks: Any, limit: int = MAX_JSON_DEPTH) -> tuple[int, int, int] | None:
+    """(line, column, depth) of the first bracket nested deeper than `limit` in the JSON text made of these
+    byte chunks (brackets inside strings do not count), or None; parses nothing (`tasks.guard.json_depth` reads a
+    file's chunks through it)."""
+    depth, line, line_start, pos = 0, 1, 0, 0
+    in_string, skip = False, -1  # skip: the offset of a character escaped by a backslash
+    for chunk in chunks:
+        for m in _JSON_SPECIAL.finditer(chunk):
+            at = pos + m.start()
+            if at == skip:
+                continue
+            c = m.group()
+            if c == b"\n":
+                line, line_start = line + 1, at + 1
+            elif in_string:
+                if c == b"\\":
+                    skip = at + 1
+                elif c == b'"':
+                    in_string = False
+            elif c == b'"':
+                in_string = True
+            elif c in b"[{":
+                depth += 1
+                if depth > limit:
+                    return line, at - line_start + 1, depth
+            elif c in b"]}":
+                depth = max(0, depth - 1)
+        pos += len(chunk)
+    return None
 
 
 class UnsafeFile(ValueError):
@@ -90,8 +123,6 @@ def parse_json_bounded(text: str | bytes, shown: str | Path, max_depth: int = MA
     RecursionError) and numbers longer than `MAX_NUMBER_CHARS` characters, with one UnsafeFile naming it;
     invalid JSON raises json.JSONDecodeError as usual (callers decide whether a torn line is skipped)."""
     import json
-
-    from adarl.tasks.guard import scan_depth
 
     raw = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
     deep = scan_depth([raw], max_depth)

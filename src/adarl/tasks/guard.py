@@ -18,16 +18,16 @@ ValueError that names the file and the line, column or row (`tasks/jsonl.py`, `t
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any
+
+from adarl.files import scan_depth
 
 MAX_JSON_DEPTH = 64  # chat messages need 3; nothing a task reads needs more than a few
 MAX_PARQUET_RATIO = 1000.0  # decompressed / compressed bytes; a constant column compresses ~100x
 RATIO_FLOOR_BYTES = 64 << 20  # below this much decompressed data any ratio is harmless
 JSON_SUFFIXES = (".json", ".jsonl")
 DATA_SUFFIXES = (".parquet", ".json", ".jsonl", ".csv", ".arrow")
-_SPECIAL = re.compile(rb'[\[\]{}"\\\n]')
 _CHUNK = 1 << 22
 
 
@@ -49,35 +49,6 @@ def json_depth(path: Path, limit: int = MAX_JSON_DEPTH) -> tuple[int, int, int] 
     (brackets inside strings do not count), or None. Reads the file in chunks; parses nothing."""
     with path.open("rb") as f:
         return scan_depth(iter(lambda: f.read(_CHUNK), b""), limit)
-
-
-def scan_depth(chunks: Any, limit: int = MAX_JSON_DEPTH) -> tuple[int, int, int] | None:
-    """`json_depth` over consecutive byte chunks of one JSON text."""
-    depth, line, line_start, pos = 0, 1, 0, 0
-    in_string, skip = False, -1  # skip: the offset of a character escaped by a backslash
-    for chunk in chunks:
-        for m in _SPECIAL.finditer(chunk):
-            at = pos + m.start()
-            if at == skip:
-                continue
-            c = m.group()
-            if c == b"\n":
-                line, line_start = line + 1, at + 1
-            elif in_string:
-                if c == b"\\":
-                    skip = at + 1
-                elif c == b'"':
-                    in_string = False
-            elif c == b'"':
-                in_string = True
-            elif c in b"[{":
-                depth += 1
-                if depth > limit:
-                    return line, at - line_start + 1, depth
-            elif c in b"]}":
-                depth = max(0, depth - 1)
-        pos += len(chunk)
-    return None
 
 
 def check_json_depth(path: Path, shown: str | Path | None = None) -> None:
