@@ -400,9 +400,10 @@ def entry() -> None:
     except OSError as err:
         if err.errno != errno.ENAMETOOLONG:
             raise
+        from adarl.config.loader import _clip
+
         name = str(err.filename or "")
-        shown = name if len(name) <= 80 else name[:79] + "…"
-        typer.secho(f"error: a path is too long for this system ({len(name):,} characters): {shown}",
+        typer.secho(f"error: a path is too long for this system ({len(name):,} characters): {_clip(name)}",
                     fg=typer.colors.RED, err=True)
         sys.exit(2)
 

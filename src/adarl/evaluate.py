@@ -186,8 +186,9 @@ def resolve_tasks(specs: list[str], target: Target, seed: int | None = None) -> 
         if spec not in names:
             close = difflib.get_close_matches(spec, names, n=3, cutoff=0.5) if len(spec) <= 200 else []
             hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-            shown = spec if len(spec) <= 80 else spec[:79] + "…"
-            raise ValueError(f"--task {shown}: not a recipe file nor a reasoning_gym generator{hint}")
+            from adarl.config.loader import _clip
+
+            raise ValueError(f"--task {_clip(spec)}: not a recipe file nor a reasoning_gym generator{hint}")
         # a run's prompt format (system prompt, template) carries over to other tasks
         base = target.recipe.task if target.recipe is not None else TaskConfig(name=spec)
         cfg = TaskConfig(source="reasoning_gym", name=spec, system_prompt=base.system_prompt,

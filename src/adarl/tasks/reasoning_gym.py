@@ -49,9 +49,10 @@ def _create(name: str, params: dict[str, Any], size: int, seed: int) -> Any:
     if name not in datasets:
         close = difflib.get_close_matches(name, list(datasets), n=3, cutoff=0.5) if len(name) <= 200 else []
         hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-        shown = name if len(name) <= 80 else f"{name[:79]}…"  # a 100k-character name is not echoed whole
+        from adarl.config.loader import _clip  # a 100k-character name is not echoed whole
+
         raise ValueError(
-            f"unknown reasoning_gym generator '{shown}'{hint} "
+            f"unknown reasoning_gym generator '{_clip(name)}'{hint} "
             f"({len(datasets)} generators; list them with reasoning_gym.factory.DATASETS)"
         )
     config_cls = datasets[name][1]
