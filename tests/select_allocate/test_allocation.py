@@ -221,13 +221,14 @@ def test_rollout_gdro_square_root_rule_tracks_the_mean():
 def test_roc_keeps_failures_in_proportion_and_cleanest_successes():
     roc = registry.build("allocate", {"name": "roc", "n": 4})
     g = group("a", [1, 0, 1, 1, 0, 1, 0, 1])
-    fmt = np.array([0, 1, 1, 0, 1, 1, 1, 1], float)  # the format reward of each rollout
-    g.rewards = np.stack([g.correct, fmt], 1)
-    g.reward_names = ("short_answer", "format")
+    well_formed = [0, 1, 1, 0, 1, 1, 1, 1]  # one closed <answer> block (format penalty 0) or none (1)
+    for r, ok in zip(g.rollouts, well_formed, strict=True):
+        r.text = "<answer>5</answer>" if ok else "5"
     out = roc.down_sample(g)
-    # |neg| = 3 of 8 → round(3·4/8) = 2 negatives (indices 1, 4), 2 positives with the best format: 2, 5
+    # |neg| = 3 of 8 → round(3·4/8) = 2 negatives (indices 1, 4: all three well formed, the stable sort keeps
+    # the first two), 2 positives with the best format: 2, 5
     assert out.size == 4 and [int(x) for x in out.correct] == [0, 1, 0, 1]
-    assert out.rewards[:, 1].tolist() == [1.0, 1.0, 1.0, 1.0]
+    assert [r.text for r in out.rollouts] == ["<answer>5</answer>"] * 4
 
 
 # ---------------------------------------------------------------- the store

@@ -121,8 +121,8 @@ def test_rollout_gdro_starting_price_gives_the_mean_to_a_maximal_variance_bin() 
 # ---------------------------------------------------------------- GRPO-RoC: stochastic down-sampling
 
 def test_roc_stochastic_sampling_follows_the_penalty_weights() -> None:
-    # 8 rollouts → G = 4. Positives 0..3 (rollout 0 has a good format: penalty 0.5 + 0 = 0.5; rollouts 1..3
-    # a bad one: 0.5 + 1 = 1.5). Negatives 4..7 (reward 0 + format 0 ≤ 0).
+    # 8 rollouts → G = 4. Positives 0..3 (rollout 0 closes one answer block: penalty 0.5 + 0 = 0.5; rollouts
+    # 1..3 have no answer tag: 0.5 + 1 = 1.5). Negatives 4..7.
     # n_neg = round(4·4/8) = 2, n_pos = 2.
     # positives are drawn one by one without replacement, weight 1/(penalty + 0.001):
     #   r = w_clean/w_bad = 1.501/0.501 = 2.99601
@@ -130,7 +130,9 @@ def test_roc_stochastic_sampling_follows_the_penalty_weights() -> None:
     #   P(a given bad positive kept) = (2 − 0.79971)/3 = 0.40010
     # negatives are a uniform draw of 2 of 4: each kept with 1/2, each pair with 1/6.
     # Uniform positives would keep rollout 0 with 2/4 = 0.5; the deterministic rule always keeps it.
-    g = group("a", [1, 1, 1, 1, 0, 0, 0, 0], fmt=[1, 0, 0, 0, 0, 0, 0, 0])
+    g = group("a", [1, 1, 1, 1, 0, 0, 0, 0])
+    for r, text in zip(g.rollouts, ["<answer>1</answer>"] + ["1"] * 7, strict=True):
+        r.text = text
     roc = Roc(n=4, sampling="stochastic", seed=0)
     trials = 4000
     kept = np.zeros(8)
