@@ -66,3 +66,23 @@ def test_budget_sentences_train_end_to_end(tiny_model_dir, tmp_path, monkeypatch
     assert row["step_tokens"] == sampled_tokens(rollouts) < sum(len(r.completion_ids) for r in rollouts)
     with pytest.raises(RecipeError, match="budget_sentences needs"):
         load_recipe(data={**data, "rollout": {**data["rollout"], "scheduler": {"mode": "partial"}}})
+
+
+@pytest.mark.parametrize("template", ["Think for at most {b} tokens. ",
+                                      "I will answer the question within {b} words. "])
+def test_a_budget_sentence_the_parser_cannot_read_is_refused_when_the_recipe_loads(template):
+    # shaping/hbpo.py reads "I will answer the question with(in) <b> tokens": these sentences would score as
+    # "no budget" (cos-only reward, f_2 = 0 in the advantage), so the recipe must not load
+    from adarl.config import RecipeError, load_recipe
+
+    data = {"task": {"source": "reasoning_gym", "name": "basic_arithmetic"},
+            "rollout": {"budget_sentences": {"budgets": [512, 1024], "template": template}}}
+    with pytest.raises(RecipeError) as info:
+        load_recipe(data=data)
+    message = str(info.value)
+    assert "budget_sentences.template" in message and "\n" not in message.strip()
+    # the default and the released code's "with {b} tokens" both load, and every budget reads back
+    for good in ["I will answer the question within {b} tokens. ",
+                 "<think> I will answer the question with {b} tokens"]:
+        recipe = load_recipe(data={**data, "rollout": {"budget_sentences": {"budgets": [512, 1024], "template": good}}})
+        assert [parse_budget(recipe.rollout.budget_sentences.template.format(b=b)) for b in (512, 1024)] == [512, 1024]

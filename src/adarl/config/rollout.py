@@ -173,6 +173,23 @@ class BudgetSentencesConfig(Section):
             raise ValueError("the template must contain {b}, where the budget goes")
         return v
 
+    @model_validator(mode="after")
+    def _parser_reads_it(self) -> BudgetSentencesConfig:
+        # the hbpo reward and advantage read the budget back from the text: a sentence they cannot read
+        # would silently score as "no budget"
+        from adarl.shaping.hbpo import BUDGET_PATTERN, parse_budget
+
+        for b in self.budgets:
+            try:
+                sentence = self.template.format(b=b)
+            except (KeyError, IndexError, ValueError) as e:
+                raise ValueError(f"budget_sentences.template {self.template!r} must hold only {{b}} ({e})") from None
+            if parse_budget(sentence) != b:
+                raise ValueError(f"budget_sentences.template {self.template!r} states budget {b} in a sentence "
+                                 f"shaping/hbpo.py cannot read (it reads {BUDGET_PATTERN.pattern!r}); "
+                                 "use the default 'I will answer the question within {b} tokens. '")
+        return self
+
 
 class RolloutConfig(Section):
     # auto: vllm when it is installed and the recipe needs nothing only hf has, else hf;
