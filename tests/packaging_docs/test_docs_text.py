@@ -133,3 +133,50 @@ def test_the_check_sees_a_changed_value_and_a_changed_default():
     sample["rollout"]["stop"] = ["\n"]  # the recipe leaves it at the default, []
     assert [line.split(":")[0] for line in disagreements(sample, "quickstart")] == ["rollout.stop",
                                                                                    "train.micro_batch_tokens"]
+
+
+def paragraphs(text: str) -> list[str]:
+    return [p.lstrip() for p in re.split(r"\n\s*\n", re.sub(r"^```.*?^```", "", text, flags=re.M | re.S)) if p.strip()]
+
+
+def cut_short(text: str) -> list[str]:
+    """Paragraphs that start in lower case (a sentence cut at its start), but for names written so."""
+    return [p.split("\n")[0][:60] for p in paragraphs(text) if p[0].islower() and not p.startswith(("adarl ", "vLLM "))]
+
+
+@pytest.mark.parametrize("page", [*PAGES, ROOT / "README.md"], ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_no_paragraph_starts_mid_sentence(page):
+    assert not cut_short(page.read_text())
+
+
+def test_the_check_sees_the_cluster_page_that_started_mid_phrase():
+    before = "```bash\nadarl train recipes/ray_workers.yaml\n```\n\nturns on token authentication for `ray start`.\n"
+    assert cut_short(before) == ["turns on token authentication for `ray start`."]
+
+
+def test_recipes_page_shows_each_recipe_header_as_it_is():
+    page = (ROOT / "docs" / "recipes.md").read_text()
+    shown = dict(re.findall(r"^### ([\w.]+)\n\n\[`recipes/\1\.yaml`\]\(/repo/recipes/\1\.yaml\)\n\n```text\n(.*?)\n```",
+                            page, re.M | re.S))
+    for path in sorted((ROOT / "recipes").glob("*.yaml")):
+        text = path.read_text()
+        header = "\n".join(line[2:] for line in text[:text.index("\nname:")].splitlines())
+        assert shown.get(path.stem) == header, f"docs/recipes.md's block for {path.name} is not its header"
+
+
+def test_the_quickstart_problems_are_counted_as_the_pages_say():
+    """Two numbers from 0 to 100 (reasoning-gym's 2 digits): the share of two 2-digit numbers, counted."""
+    from adarl.tasks import build_task
+
+    task = build_task(load_recipe(str(ROOT / "recipes" / "quickstart.yaml")).task)
+
+    def two_digit_pairs(problems: list) -> int:
+        numbers = [re.findall(r"\d+", p.prompt[-1]["content"]) for p in problems]
+        assert all(len(n) == 2 and all(0 <= int(x) <= 100 for x in n) for n in numbers)
+        return sum(all(len(x) == 2 for x in n) for n in numbers)
+
+    said = (f"{two_digit_pairs(task.train):,} of its {len(task.train):,} training\nproblems and "
+            f"{two_digit_pairs(task.eval)} of its {len(task.eval)} held-out ones add two 2-digit numbers")
+    assert said == "1,602 of its 2,000 training\nproblems and 74 of its 100 held-out ones add two 2-digit numbers"
+    for page in (ROOT / "README.md", ROOT / "docs" / "getting-started" / "cpu.md"):
+        assert said in page.read_text() and "2-digit addition" not in page.read_text(), page.name

@@ -80,7 +80,7 @@ def build_peers(recipe: Recipe, tokenizer: Any) -> Any:
     agent = recipe.rollout.agent  # a trajectory's tokens: its turns, within the agent's context
     context = None if agent is None else agent.max_context_tokens or 4 * recipe.rollout.max_new_tokens
     return Swarm(recipe.cluster.sapo, tokenizer, recipe.rollout.max_new_tokens, recipe.cluster.address,
-                 max_completion_tokens=context)
+                 max_completion_tokens=context, seed=recipe.seed)
 
 
 def build_learner(recipe: Recipe, model: torch.nn.Module, loss: Any, pad_id: int, rng: np.random.Generator,

@@ -89,7 +89,8 @@ def components(t: Any) -> dict[str, Any]:
     return {"selector": t.selector, "allocator": t.allocator, "estimator": t.estimator,
             "loss": t.learner.loss, **({"hints": t.hints} if t.hints is not None else {}),
             **{f"shaping.{i}": c for i, c in enumerate(t.shapings)},
-            **{f"tokens.{i}": c for i, c in enumerate(t.token_weightings)}}
+            **{f"tokens.{i}": c for i, c in enumerate(t.token_weightings)},
+            **({"peers": t.peers} if getattr(t, "peers", None) is not None else {})}  # SAPO: its share draw
 
 
 def state_of(t: Any) -> dict[str, Any]:
