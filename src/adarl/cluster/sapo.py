@@ -6,7 +6,9 @@ own groups plus up to `take` groups that other nodes published since it last loo
 (the paper's I local + J external rollouts; its best split was half and half).
 
 A foreign group brings its question (with the answer key its sender holds), its prompt ids, and
-its rollouts' tokens and behaviour log-probs. Its rewards are never taken from the sender: the
+its rollouts' tokens and behaviour log-probs. Which groups a node publishes is drawn from the run's
+`seed` and saved in its checkpoint (with the node's name in the swarm), so a run reproduces its draws
+and a resumed run continues them. Its rewards are never taken from the sender: the
 receiver scores the rollouts with its own rewards. A node takes only groups sampled with its own
 vocabulary (a tokenizer fingerprint) that pass `check_group`, a schema with bounds: the problem is an
 `adarl.types.Problem` whose id, prompt (text or {role, content} messages), answer and columns are
@@ -78,7 +80,7 @@ class Swarm:
     """One trainer's membership of a swarm: publish, take, check and re-score."""
 
     def __init__(self, cfg: SapoConfig, tokenizer: Any, max_new_tokens: int, address: str | None = None,
-                 max_completion_tokens: int | None = None) -> None:
+                 max_completion_tokens: int | None = None, seed: int = 0) -> None:
         self._started = connect(address)
         import ray
 
@@ -90,7 +92,9 @@ class Swarm:
         self.queue = ray.remote(SwarmQueue).options(name=f"adarl-sapo-{cfg.swarm}", namespace="adarl",
                                                    get_if_exists=True, lifetime="detached",
                                                    num_cpus=0).remote(cfg.capacity)
-        self.rng = np.random.default_rng(int(self.node, 16) % 2**32)
+        # which groups a step publishes: drawn from the run's seed (its own stream) and checkpointed with the
+        # node's name, so a run reproduces and a resumed one draws on and keeps its place in the queue
+        self.rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(SHARE_STREAM,)))
 
     def exchange(self, groups: list[Group], rewards: Any) -> tuple[list[Group], dict[str, float]]:
         """Publish a share of this step's verified `groups`; the foreign groups to train on, re-scored
@@ -193,6 +197,13 @@ class Swarm:
         name, status = (text_or_none(s.name, "a span's name"), text_or_none(s.status, "a span's status"))
         return Span(s.role, ids, logprobs, entropies, versions, name, status)
 
+    def state_dict(self) -> dict[str, Any]:
+        return {"rng": self.rng.bit_generator.state, "node": self.node}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.rng.bit_generator.state = state["rng"]
+        self.node = state["node"]
+
     def close(self) -> None:
         disconnect(self._started)
 
@@ -203,6 +214,7 @@ class Rejected(ValueError):
 
 SPAN_ROLES = get_args(Role)
 FINISH_REASONS = get_args(FinishReason)
+SHARE_STREAM = 0x5A90  # the share draw's stream of the run's seed (other stages draw from the seed itself)
 MAX_SPANS = 4096  # spans of one rollout (an agent's turns: model, tool, template)
 MAX_TEXT_CHARS = 1 << 20  # a problem's prompt, answer and columns, as JSON
 MAX_DEPTH = 16  # nesting of a problem's columns
