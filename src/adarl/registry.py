@@ -35,7 +35,7 @@ _BUILTINS = {
                   "adarl.advantage.xrpo", "adarl.advantage.rdpo", "adarl.advantage.hapo", "adarl.advantage.hbpo",
                   "adarl.advantage.treepo", "adarl.advantage.treerl", "adarl.advantage.polychromic",
                   "adarl.advantage.adhint"],
-    "tokens": ["adarl.tokens.d3s", "adarl.tokens.high_entropy"],
+    "tokens": ["adarl.tokens.d3s", "adarl.tokens.high_entropy", "adarl.tokens.overlong_filter"],
     "loss": ["adarl.loss.ppo", "adarl.loss.gspo", "adarl.loss.bapo", "adarl.loss.hapo", "adarl.loss.aepo",
              "adarl.loss.decoupled"],
     "hints": ["adarl.hints.guide", "adarl.hints.seele", "adarl.hints.adhint", "adarl.hints.xrpo"],
