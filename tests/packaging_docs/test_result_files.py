@@ -1,0 +1,96 @@
+"""The README's headline figures are result files, quoted as stored.
+
+bench/results/quickstart/quickstart.json holds make demo's figures: the timed run's (wall time, peak RSS, the
+printed lines; unsourced, its files were not kept) and a reproduction's curve, cut from its committed
+metrics.jsonl. The pages that quote them must quote them exactly, and the printed lines' tokens, rewards and
+pass rates must be the reproduction's, formatted as adarl prints them.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from adarl.metrics.progress import Progress, format_count
+
+ROOT = Path(__file__).resolve().parents[2]
+QUICKSTART = ROOT / "bench" / "results" / "quickstart" / "quickstart.json"
+QUOTING = ["README.md", "docs/getting-started/cpu.md"]
+
+
+def stored() -> dict[str, Any]:
+    return json.loads(QUICKSTART.read_text())
+
+
+def test_the_curve_is_cut_from_the_committed_metrics():
+    reproduced = stored()["reproduced"]
+    rows = [json.loads(line) for line in (ROOT / reproduced["metrics"]).read_text().splitlines()]
+    keys = ("step", "tokens", "reward", "pass_rate", "eval/pass@1", "wall_s")
+    assert reproduced["curve"] == [{k: row[k] for k in keys if k in row} for row in rows]
+
+
+def printed(row: dict[str, Any], steps: int, tokens_per_s: float) -> str:
+    """adarl's plain progress line for a metrics row (metrics/progress.py), without its eta."""
+    with Progress(steps, enabled=False, stream=io.StringIO()) as progress:
+        stats = progress.update(row["step"], reward=row["reward"], pass_rate=row["pass_rate"],
+                                tokens_per_s=tokens_per_s, tokens=row["tokens"])
+    return f"step {row['step']}/{steps} | {stats} | eta "
+
+
+def test_the_printed_lines_are_the_reproduced_run():
+    """Tokens, reward and pass rate are the reproduction's; tok/s and eta are the timed run's own (unsourced)."""
+    figures = stored()
+    curve = {row["step"]: row for row in figures["reproduced"]["curve"]}
+    *lines, done = figures["timed"]["printed"]
+    for line in lines:
+        step, tokens_per_s = int(line.split()[1].split("/")[0]), float(line.split(" tok/s")[0].split()[-1])
+        assert line.startswith(printed(curve[step], len(curve) - 1, tokens_per_s)), line
+    last = curve[len(curve) - 1]
+    assert done.startswith(f"done: step={last['step']}, tokens={last['tokens']}, reward={last['reward']}, "
+                           f"pass_rate={last['pass_rate']}, eval/pass@1={last['eval/pass@1']} ")
+
+
+def quotes(figures: dict[str, Any]) -> list[tuple[str, ...]]:
+    """Every figure a page quotes, as the pages write it; of a tuple of ways, one is enough."""
+    timed, curve = figures["timed"], figures["reproduced"]["curve"]
+    evals = [row for row in curve if "eval/pass@1" in row]
+    steps = ", ".join(str(row["step"]) for row in evals[:-1]) + f" and {evals[-1]['step']}"
+    tokens = ", ".join(format_count(row["tokens"]) for row in evals[1:-1]) + f" and {format_count(evals[-1]['tokens'])}"
+    sentence = " → ".join(f"{row['eval/pass@1']:.2f}" for row in evals) + f" at steps {steps} ({tokens} generated"
+    table = "\n".join(f"| {row['step']} | {format_count(row['tokens'])} | {row['eval/pass@1']:.2f} |" for row in evals)
+    rss = f"a peak RSS of **{timed['peak_rss_gib']} GiB** ({timed['peak_rss_kib']:,} KiB)"
+    return [("\n".join(timed["printed"]),), (f"{timed['wall']} wall time and {rss}",), (sentence, table),
+            ("bench/results/quickstart/quickstart.json",), ("**unsourced**",)]
+
+
+def unquoted(figures: dict[str, Any], text: str) -> list[tuple[str, ...]]:
+    """The figures `text` does not quote (a line break and a run of spaces count as one space)."""
+    spaced = " ".join(text.split())
+    return [ways for ways in quotes(figures) if not any(q in text or " ".join(q.split()) in spaced for q in ways)]
+
+
+@pytest.mark.parametrize("page", QUOTING)
+def test_a_page_quotes_the_stored_figures(page):
+    assert not unquoted(stored(), (ROOT / page).read_text()), page
+
+
+def test_the_quickstart_header_quotes_them_too():
+    figures = stored()
+    header = (ROOT / "recipes" / "quickstart.yaml").read_text().split("\nname:")[0]
+    evals = [row for row in figures["reproduced"]["curve"] if "eval/pass@1" in row]
+    for quoted in (f"peak RSS {figures['timed']['peak_rss_gib']} GiB", f"{figures['timed']['wall']} for 30 steps",
+                   f"({format_count(evals[-1]['tokens'])} generated tokens)",
+                   " -> ".join(f"{row['eval/pass@1']:.2f}" for row in evals)):
+        assert quoted in header, quoted
+
+
+def test_the_check_sees_a_figure_quoted_otherwise():
+    figures = stored()
+    figures["timed"]["wall"] = "8 min 3 s"
+    assert unquoted(figures, (ROOT / "README.md").read_text())
+    row = {**stored()["reproduced"]["curve"][10], "reward": 0.25}
+    assert not stored()["timed"]["printed"][1].startswith(printed(row, 30, 301.3))
