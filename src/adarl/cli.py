@@ -247,9 +247,10 @@ def eval_(
 
     from adarl import evaluate as ev
     from adarl.config import RecipeError
+    from adarl.rollout.engines import ENGINES
 
-    if backend not in (None, "hf", "vllm", "auto"):
-        _fail(f"--backend {backend}: choose hf, vllm or auto")
+    if backend not in (None, *ENGINES, "auto"):
+        _fail(f"--backend {backend}: choose {', '.join(ENGINES)} or auto")
     try:
         ks = ev.parse_ks(k)
         target = ev.resolve_target(model_or_run)

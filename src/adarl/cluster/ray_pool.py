@@ -43,10 +43,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from adarl.capabilities import CAPABILITIES
 from adarl.cluster import connect, disconnect, least_loaded
 from adarl.config import ClusterConfig, RolloutConfig
-from adarl.rollout.base import Progress, StopWhen, Weights
+from adarl.rollout import engines
+from adarl.rollout.base import Progress, StopWhen, Weights, capable
 from adarl.rollout.sampling import SampleStream, row_keys
 from adarl.types import Request, Rollout
 
@@ -122,22 +122,12 @@ class RolloutWorker:
                 raise KeyError(f"the broadcast weights lack {missing[:3]}")
             for name, tensor in params.items():
                 tensor.copy_(_tensor(*weights[name]))
-        if self.generator is None:
-            self._build()
-        elif self.backend == "vllm":
-            self.generator.load_weights(Weights.of(self.model), version)  # into the engine
+        if self.generator is None:  # the engine's row of the table (rollout/engines.py)
+            self.generator = engines.build(self.backend, self.model, self.tokenizer, self.cfg)
+        else:  # an engine with its own copy (vllm) takes them in; one sampling from self.model loads nothing
+            self.generator.load_weights(Weights.of(self.model), version)
         self.generator.policy_version = version
         return self.health()
-
-    def _build(self) -> None:
-        if self.backend == "vllm":
-            from adarl.rollout.vllm import VllmGenerator
-
-            self.generator = VllmGenerator(self.model, self.tokenizer, self.cfg)
-        else:
-            from adarl.rollout.hf import HfGenerator
-
-            self.generator = HfGenerator(self.model, self.tokenizer, self.cfg)
 
     def health(self) -> int:
         """A real one-token greedy generation; the version of the weights it ran on."""
@@ -156,7 +146,8 @@ class RolloutWorker:
             if stop not in gen.cfg.stop:
                 gen.add_stop(stop)
         gen.entropy_stats = entropy_stats
-        if hasattr(gen, "record_top2"):
+        top2 = capable(gen, "top2")
+        if top2:
             gen.record_top2 = record_top2
         taken = 0
 
@@ -173,7 +164,7 @@ class RolloutWorker:
                            keys=keys, max_tokens=max_tokens)
         for r in out:
             r.stamp_versions()
-        return out, getattr(gen, "last_top2", None)
+        return out, gen.last_top2 if top2 else None
 
 
 @dataclass
@@ -214,7 +205,7 @@ class RayRolloutPool:
         from ray.util.placement_group import placement_group
 
         self.model, self.tokenizer, self.cfg, self.cluster = model, tokenizer, cfg, cluster
-        self.capabilities = CAPABILITIES[cfg.backend] | {"stop_strings", "remote"}
+        self.capabilities = engines.engine_capabilities(cfg.backend, "ray")
         self._source = Weights.of(model)  # the weights the workers are to hold (the learner's latest)
         self.rng = SampleStream(seed)
         self.policy_version = 0

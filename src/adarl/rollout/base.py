@@ -3,13 +3,14 @@
 A generator samples completions of tokenised prompts from the current policy. The scheduler
 (rollout/scheduler.py, async_mode.py), the agent loop, the tree samplers, the held-out evaluation,
 the trainer and the Ray rollout pool use it only through the members of `Generator` below; what an
-engine can do beyond them it declares by name in `capabilities` (capabilities.py lists the names a
-recipe may ask for; the recipe is checked against them when it loads).
+engine can do beyond them it declares by name in `capabilities` (CAPABILITIES below: each names the members
+that come with it; the recipe is checked against the table of engines, rollout/engines.py, when it loads).
 
 To add an engine, write one class with these members and name it in a recipe by import path
 (`rollout.backend: "package.module:Class"`); it is built as `Class(model, tokenizer, rollout_cfg, seed=seed)`
 with the training model (read its weights once, at construction, if it needs them: afterwards every
-update comes through `load_weights`). `docs/examples/scripted_engine.py` is a complete one in 60 lines.
+update comes through `load_weights`). `docs/examples/plain_engine.py` is a complete one in 100 lines. A
+built-in engine is such a module plus one row of the table of engines (rollout/engines.py).
 
     generate(requests, greedy, max_new_tokens, stop_when, keys, max_tokens) -> list[Rollout]
         `sum(r.n for r in requests)` rollouts, request by request (each request's `n` in a row). A
@@ -72,16 +73,24 @@ class Progress:
 
 StopWhen = Callable[[Progress], bool]
 
-# Optional abilities, asked by name (`capable(generator, name)`); the first four are also what a
-# recipe may require (capabilities.py). A wrapper has those of the generator it wraps.
+# Optional abilities, asked by name (`capable(generator, name)`), each with the members it declares; the
+# first four are also what a recipe may require (rollout/engines.py). A wrapper has those of the generator
+# it wraps.
 CAPABILITIES = {
     "entropies": "records each sampled token's entropy (Rollout.entropies)",
-    "adaptive_temperature": "samples each token at its own temperature (`set_entropy_stats(stats)`)",
-    "replica": "copies itself for a generation thread: `replica()`, `pull_weights()`, `weight_listeners`",
+    "adaptive_temperature": "samples each token at its own temperature (`set_entropy_stats(stats)`, "
+                            "`entropy_stats`)",
+    "replica": "copies itself for a generation thread: `replica()`, `pull_weights()`, `weight_listeners`, "
+               "`entropy_stats`",
     "top2": "records each sampled position's two most likely tokens (`record_top2`, `last_top2`)",
     "retain": "keeps a row's cache between an agent's turns (`retain(max_bytes)`, `drop_retained()`)",
     "stop_strings": "ends rows at a string added later (`add_stop(text)`)",
     "remote": "samples on remote workers, which report on themselves (`pool_metrics()`)",
+    "sleep": "frees the device for the update (`sleep()`, once a step when it starts); the next `load_weights` "
+             "wakes it with the new weights",
+    "batch_limit": "decodes at most `max_batch` rows at once (more run one batch after another)",
+    "discards": "spends tokens on rows it does not return (`last_discarded_tokens`, this call's)",
+    "environments": "runs environments whose failures censor rollouts (the agent loop)",
 }
 
 
@@ -148,7 +157,7 @@ def capable(generator: Any, name: str) -> bool:
     """Whether `generator` declares the optional ability `name` (CAPABILITIES)."""
     if name not in CAPABILITIES:
         raise ValueError(f"unknown generator capability {name!r} (known: {', '.join(CAPABILITIES)})")
-    return name in getattr(generator, "capabilities", frozenset())
+    return name in generator.capabilities
 
 
 def innermost(generator: Any) -> Any:

@@ -63,10 +63,10 @@ import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from adarl.capabilities import CAPABILITIES
 from adarl.config import RolloutConfig
 from adarl.rollout.base import Progress, StopWhen, Weights
 from adarl.rollout.decode_attention import decoding
+from adarl.rollout.engines import ENGINES
 from adarl.rollout.sampling import MASK64, SampleStream, row_keys, splitmix64, uniforms  # noqa: F401 (for callers)
 from adarl.rollout.weights import load_named
 from adarl.tokens.entropy import EntropyStats
@@ -206,8 +206,7 @@ class _Retained:
 class HfGenerator:
     """Adarl's own decoder over the policy's Hugging Face model (the generator contract: rollout/base.py)."""
 
-    # what recipes may ask of this backend (capabilities.py), and what the agent loop uses
-    capabilities = CAPABILITIES["hf"] | {"retain", "stop_strings"}
+    capabilities = ENGINES["hf"].capabilities
 
     def __init__(
         self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, cfg: RolloutConfig, seed: int = 0

@@ -44,10 +44,9 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from adarl.capabilities import CAPABILITIES
 from adarl.config import RolloutConfig
-from adarl.rollout import VLLM_MISSING
 from adarl.rollout.base import Progress, StopWhen, Weights
+from adarl.rollout.engines import ENGINES
 from adarl.rollout.sampling import SampleStream, row_keys, splitmix64
 from adarl.rollout.weights import hf_weights
 from adarl.types import Request, Rollout
@@ -152,8 +151,7 @@ def _row_seed(key: int, position: int) -> int:
 
 
 class VllmGenerator:
-    # what recipes may ask of this backend (capabilities.py), and what the agent loop uses
-    capabilities = CAPABILITIES["vllm"] | {"stop_strings"}
+    capabilities = ENGINES["vllm"].capabilities
 
     def __init__(
         self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, cfg: RolloutConfig, seed: int = 0,
@@ -166,7 +164,7 @@ class VllmGenerator:
             os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")  # the engine would report usage over the network
             from vllm import LLM
         except ImportError as err:
-            raise ImportError(f"{VLLM_MISSING} ({err})") from err
+            raise ImportError(f"{ENGINES['vllm'].install} ({err})") from err
         _quiet_expected_warnings()
         _guard_llvmlite()
         self.model = model

@@ -30,16 +30,18 @@ from adarl.train.teacher import Teacher
 
 
 def missing_packages(rollout: RolloutConfig, cluster: ClusterConfig | None = None) -> list[str]:
-    """What the recipe needs that is not installed, each with its install command: vLLM (backend vllm),
-    Ray (cluster.backend ray), openenv-core (an OpenEnv agent environment). Checked before any model loads."""
+    """What the recipe needs that is not installed, each with its install command: its engine's package
+    (rollout/engines.py), Ray (cluster.backend ray), openenv-core (an OpenEnv agent environment). Checked
+    before any model loads."""
     from adarl.cluster import RAY_MISSING
-    from adarl.rollout import VLLM_MISSING
+    from adarl.rollout.engines import missing_package
     from adarl.rollout.openenv import MISSING as OPENENV_MISSING
 
-    needs = [(rollout.backend == "vllm", "vllm", VLLM_MISSING),
-             (cluster is not None and cluster.backend == "ray", "ray", RAY_MISSING),
+    needs = [(cluster is not None and cluster.backend == "ray", "ray", RAY_MISSING),
              (rollout.agent is not None and rollout.agent.openenv is not None, "openenv", OPENENV_MISSING)]
-    return [message for needed, package, message in needs if needed and importlib.util.find_spec(package) is None]
+    engine = [message] if (message := missing_package(rollout.backend)) else []
+    return engine + [message for needed, package, message in needs
+                     if needed and importlib.util.find_spec(package) is None]
 
 
 def build_rollout(recipe: Recipe, model: torch.nn.Module, tokenizer: Any, problems: Sequence[Any]) -> Any:

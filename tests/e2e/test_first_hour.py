@@ -1,0 +1,98 @@
+"""What a new user meets in the first hour (issue 53): tables with every number in full at 80 columns and piped,
+a budget too small for one step refused before any model loads, and one-line errors that name what to do."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from adarl import evaluate as ev
+from adarl.cli import app, print_table
+
+TESTS = Path(__file__).resolve().parents[1]
+
+
+def _full_numbers(text: str, values: list[float]) -> None:
+    """Every value printed with its three decimals, and nothing cut to an ellipsis."""
+    assert "…" not in text, text
+    for v in values:
+        assert f"{v:.3f}" in text, (v, text)
+
+
+def test_eval_table_is_whole_at_80_columns_and_piped(tiny_model_dir, tmp_path):
+    """`adarl eval` piped (CliRunner's stdout is no terminal) at COLUMNS=80: every pass@k, avg@k and greedy
+    pass@1 of the JSON it wrote appears in full; the same table on an 80-column terminal, and on a wide one."""
+    out = tmp_path / "eval.json"
+    result = CliRunner().invoke(app, ["eval", str(tiny_model_dir), "--task", "basic_arithmetic", "--k", "1,2",
+                                      "--n", "2", "--size", "2", "--max-new-tokens", "3", "--threads", "1",
+                                      "--out", str(out)], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    (summary,) = data["tasks"].values()
+    values = [summary["greedy_pass@1"], *summary["pass@k"].values(), *summary["avg@k"].values()]
+    assert len(values) == 5
+    _full_numbers(result.output, values)
+    assert "basic_arithmetic" in result.output and "pass@2" in result.output
+    for width in (80, 200):
+        screen = io.StringIO()
+        print_table(ev.table(data), Console(file=screen, width=width, force_terminal=True, color_system=None))
+        _full_numbers(screen.getvalue(), values)
+        assert all(len(line) <= width for line in screen.getvalue().splitlines()), screen.getvalue()
+        assert ("│" in screen.getvalue()) == (width == 200)  # drawn where it fits, stacked where it does not
+
+
+def _synthetic_comparison(out: Path, monkeypatch) -> dict:
+    """Two recipes with the quickstart's long names, two seeds each, as `adarl compare` leaves them."""
+    monkeypatch.syspath_prepend(str(TESTS / "metrics"))
+    from adarl.comparison import aggregate_dir
+    from test_compare import write_run
+
+    for name, gain in (("quickstart", 0.1), ("quickstart_drgrpo", 0.2)):
+        for seed in (0, 1):
+            write_run(out / name / f"seed{seed}", {0: 0.25, 2: 0.3 + gain + 0.01 * seed, 4: 0.4 + gain},
+                      steps=4, tokens_per_step=1500, seed=seed, name=name)
+    (out / "comparison.json").write_text(json.dumps({"budget_tokens": 6000, "recipes": [
+        {"name": "quickstart"}, {"name": "quickstart_drgrpo"}]}))
+    return aggregate_dir(out)
+
+
+@pytest.mark.parametrize("columns", ["80", "200"])
+def test_compare_tables_are_whole_at_80_columns_and_piped(tmp_path, monkeypatch, columns):
+    """`adarl compare` piped at 80 and 200 columns (the runs replaced by finished synthetic ones): both recipe
+    names whole on the rows that tell them apart, every run's pass@1 in full, no cell cut."""
+    import adarl.compare as cmp
+
+    result = _synthetic_comparison(tmp_path / "cmp", monkeypatch)
+    monkeypatch.setattr(cmp, "compare", lambda *a, **k: result)
+    said = CliRunner().invoke(app, ["compare", "quickstart", "quickstart_drgrpo", "--seeds", "2", "--budget-tokens",
+                                    "6000", "--out", str(tmp_path / "cmp"), "--no-report"], env={"COLUMNS": columns})
+    assert said.exit_code == 0, said.output
+    runs = [run for rec in result["recipes"] for run in rec["runs"]]
+    assert len(runs) == 4
+    _full_numbers(said.output, [run["pass@1_at_budget"] for run in runs])
+    for recipe in result["recipes"]:
+        _full_numbers(said.output, [recipe["pass@1_at_budget"]["mean"], *recipe["pass@1_at_budget"]["ci95"]])
+    # the non-baseline recipe's name, whole, on its own in the paired table and the per-recipe table
+    words = said.output.replace("│", " ").split()
+    assert words.count("quickstart_drgrpo") >= 4 and words.count("quickstart") >= 3, said.output
+    assert all(len(line) <= int(columns) for line in said.output.splitlines() if "│" in line)
+
+
+def test_print_table_stacks_what_does_not_fit():
+    """A 4-column table 70 characters wide on a 40-column terminal: a block per row, every cell whole."""
+    from rich.table import Table
+
+    t = Table(title="wide")
+    for h in ("recipe", "pass@1 at 6.0k [95% CI]", "tokens to start + 0.1"):
+        t.add_column(h)
+    t.add_row("quickstart_drgrpo", "0.123 [0.045, 0.201]", "3.4k (1/2 seeds; rest not reached)")
+    screen = io.StringIO()
+    print_table(t, Console(file=screen, width=40, force_terminal=True, color_system=None))
+    assert screen.getvalue().splitlines() == [
+        "wide", "  quickstart_drgrpo", "    pass@1 at 6.0k [95% CI]  0.123 [0.045, 0.201]",
+        "    tokens to start + 0.1    3.4k (1/2 seeds; rest not reached)"]
