@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="adarl: adaptive, budgeted RL post-training for language models.")
@@ -31,6 +35,24 @@ def main(
 def _fail(message: str) -> None:
     typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
     raise typer.Exit(code=2)
+
+
+def print_table(table: Table, console: Console | None = None) -> None:
+    """A table with every cell in full: drawn when it fits the console's width (a terminal's, else COLUMNS, else
+    80), otherwise stacked, a block per row of `column  value` lines, never a cell cut to `0.…`."""
+    from rich.console import Console
+
+    console = console or Console()
+    if Console(width=100_000).measure(table).maximum <= console.width:
+        console.print(table)
+        return
+    header = [str(c.header) for c in table.columns]
+    width = max(map(len, header[1:]), default=0)
+    lines = [str(table.title)] if table.title else []
+    for row in zip(*(list(c.cells) for c in table.columns), strict=True):
+        lines.append(f"  {row[0]}")
+        lines += [f"    {h:<{width}}  {v}" for h, v in zip(header[1:], row[1:], strict=True)]
+    console.print("\n".join(lines), markup=False, highlight=False, soft_wrap=True)
 
 
 def _run(loaded, target: Path, resume: bool) -> dict:
@@ -243,8 +265,6 @@ def eval_(
         "--backend", help="generation backend: hf, vllm or auto (vllm when installed). Default: the run's or "
                           "recipe's rollout.backend")] = None,
 ) -> None:
-    from rich.console import Console
-
     from adarl import evaluate as ev
     from adarl.config import RecipeError
     from adarl.rollout.engines import ENGINES
@@ -271,7 +291,7 @@ def eval_(
                              max_new_tokens=max_new_tokens, threads=threads, backend=backend)
     except (ValueError, FileNotFoundError, ImportError) as err:
         _fail(str(err))
-    Console().print(ev.table(result.data))
+    print_table(ev.table(result.data))
     for name, summary in result.data["tasks"].items():
         greedy, sampled = summary.get("greedy_censored", 0), summary.get("censored_fraction", 0.0)
         if greedy or sampled:
@@ -314,8 +334,6 @@ def compare(
         "--keep-checkpoints", help="keep each finished run's checkpoints/ (weights + optimizer state, about 3x "
                                    "the model's size); by default only final/ and the metrics are kept")] = False,
 ) -> None:
-    from rich.console import Console
-
     import adarl.compare as cmp
     import adarl.comparison as comparison
     from adarl.config import RecipeError
@@ -344,9 +362,8 @@ def compare(
     result = cmp.compare(recipes, seeds, budget_tokens, out, extra=set_ or [], target=target,
                          target_gain=target_gain, baseline=baseline, ray_address=ray_address, echo=typer.echo,
                          keep_checkpoints=keep_checkpoints, eval_points=eval_points)
-    console = Console()
     for t in comparison.tables(result):
-        console.print(t)
+        print_table(t)
     typer.echo(comparison.NOTES)
     typer.echo(f"wrote {out / cmp.COMPARISON_FILE}")
     if report:
