@@ -130,6 +130,8 @@ class DistillConfig(Section):
     top_k: int | None = Field(None, ge=1, le=4096)  # teacher tokens per position (aopd, topk); None: 32 there
     gate_temperature: float = Field(1.0, gt=0.0, le=1000.0)  # sdar: τ
     div_weight: float = Field(1.0, ge=0.0, le=1000.0)  # aopd: the weight of KL(π_T ‖ π_θ) where g ≤ 0
+    # aopd: §7.2 aggregates the g > 0 and g ≤ 0 regions apart (separate), or one aggregation over both (joint)
+    aopd_agg: Literal["separate", "joint"] = "separate"
     ema_decay: float = Field(0.99, ge=0.0, lt=1.0)  # teacher: ema
     # distil only rollouts no longer than this × the mean length of the first distilled batch (privileged
     # teachers drift the student's style; a runaway length is its usual sign); None: no guard

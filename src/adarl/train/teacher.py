@@ -93,7 +93,8 @@ class Teacher:
         cfg = self.cfg
         aux, stats = distill_terms(cfg.method, x.logp, x.teacher_logp, estimator=cfg.estimator, direction=cfg.direction,
                                    gate_temperature=cfg.gate_temperature, div_weight=cfg.div_weight,
-                                   student_top=x.student_top, teacher_top=x.teacher_top)
+                                   student_top=x.student_top, teacher_top=x.teacher_top, mask=x.mask,
+                                   aggregation=cfg.aopd_agg)
         on = torch.tensor([float(d) for d in distilled], device=per_token.device)[:, None]
         stats["distill/loss"] = aux.detach()
         return cfg.rl_weight * per_token + cfg.weight * aux * on, stats

@@ -1,0 +1,50 @@
+"""AOPD's two aggregations (algorithms.md §7.2): L = agg(L_pos over a > 0) + λ_div·agg(L_div over a ≤ 0)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from adarl.config import DistillConfig
+from adarl.loss.distill import distill_terms
+
+# four tokens: ℓ_θ = −1, −2, −0.5, −1 and ℓ_T = 0, −1.5, −1.5, −1, so a = ℓ_T − ℓ_θ = 1, 0.5, −1, 0
+LOGP = torch.tensor([[-1.0, -2.0, -0.5, -1.0]])
+TEACHER = torch.tensor([[0.0, -1.5, -1.5, -1.0]])
+# the teacher's top-2 at each position: (1/2, 1/2); the student gives them (1/2, 1/2), except (1/4, 3/4) at the last
+TEACHER_TOP = torch.log(torch.full((1, 4, 2), 0.5))
+STUDENT_TOP = torch.log(torch.tensor([[[0.5, 0.5], [0.5, 0.5], [0.5, 0.5], [0.25, 0.75]]]))
+# L_pos = −a·ℓ_θ: 1·1 = 1 and 0.5·2 = 1;   L_div = KL(π_T ‖ π_θ): 0 at the third token and, at the last,
+KL_LAST = 0.5 * math.log(0.5 / 0.25) + 0.5 * math.log(0.5 / 0.75)  # = 0.143841
+MASK = torch.ones(1, 4)
+
+
+def token_mean(per_token: torch.Tensor) -> float:
+    return float((per_token * MASK).sum() / MASK.sum())
+
+
+@pytest.mark.parametrize(("aggregation", "expected"), [
+    # each region by its own count: (1 + 1)/2 + 2·(0 + 0.143841)/2 = 1.143841
+    ("separate", 1.0 + 2.0 * KL_LAST / 2),
+    # one aggregation over all four tokens: (1 + 1 + 2·0 + 2·0.143841)/4 = 0.571921
+    ("joint", (1.0 + 1.0 + 2.0 * KL_LAST) / 4),
+])
+def test_aopd_regions_aggregate_as_section_7_2(aggregation: str, expected: float) -> None:
+    loss, _ = distill_terms("aopd", LOGP, TEACHER, div_weight=2.0, student_top=STUDENT_TOP, teacher_top=TEACHER_TOP,
+                            mask=MASK, aggregation=aggregation)
+    assert token_mean(loss) == pytest.approx(expected)
+
+
+def test_a_region_without_tokens_adds_nothing() -> None:
+    # only the two positive tokens are in the loss (mask): (1 + 1)/2 = 1, no division by an empty region
+    mask = torch.tensor([[1.0, 1.0, 0.0, 0.0]])
+    loss, _ = distill_terms("aopd", LOGP, TEACHER, student_top=STUDENT_TOP, teacher_top=TEACHER_TOP, mask=mask,
+                            aggregation="separate")
+    assert float((loss * mask).sum() / mask.sum()) == pytest.approx(1.0)
+
+
+def test_the_recipe_default_is_the_two_aggregations() -> None:
+    assert DistillConfig(method="aopd").aopd_agg == "separate"
+    assert DistillConfig(method="aopd", aopd_agg="joint").aopd_agg == "joint"
