@@ -8,7 +8,7 @@ import math
 import pytest
 
 from adarl.rollout.branching import rouge_l
-from adarl.rollout.latr import LatrGenerator, candidates, suffix_match
+from adarl.rollout.latr import LatrGenerator, candidates, edit_distance, suffix_match
 from adarl.rollout.scheduler import RolloutScheduler
 from adarl.rollout.treepo import TreePOGenerator, has_repetition
 from adarl.types import Request, Rollout, sampled_tokens, trainable_masks
@@ -81,6 +81,23 @@ def test_latr_prunes_a_look_alike_and_keeps_a_different_branch():
     assert RolloutScheduler(LatrGenerator(ScriptedLatr(), lookahead=(2,))).complete(
         [Request("p", [1], 4)]).tokens_spent == 30
     assert [m.tolist() for m in trainable_masks([root, child])] == [[1] * 8, [0] * 4 + [1] * 4]
+
+
+def test_latr_normalised_edit_distance_prunes_as_the_released_filter():
+    # Levenshtein distance: (1 2 3 4) → (1 3 4 5) deletes 2 and appends 5: 2; nothing → (1 2): 2
+    assert edit_distance([1, 2, 3, 4], [1, 3, 4, 5]) == 2 and edit_distance([], [1, 2]) == 2
+    assert edit_distance([7, 8, 9], [7, 8, 9]) == 0 and edit_distance([1, 2], [2, 1]) == 2
+    # the suffix and ROUGE-L tests off (thresholds of 1 never fire); at r = 2 the branch at 1 compares (99, 12)
+    # with (11, 12): distance 1, 1/2 = 0.5 < 0.6, pruned; the branch at 4 compares (77, 505) with (14, 15): 2/2 = 1,
+    # kept. Without the edit test both are kept.
+    off = {"lookahead": (2,), "suffix_threshold": 1.0, "rouge_threshold": 1.0}
+    gen = LatrGenerator(ScriptedLatr(), edit_threshold=0.6, **off)
+    root, child, *fresh = gen.generate([Request("p", [1], 4)])
+    assert child.completion_ids == [10, 11, 12, 13, 77, 505, 506, 507] and len(fresh) == 2
+    assert gen.metrics()["branch/pruned_per_prompt"] == 1
+    kept = LatrGenerator(ScriptedLatr(), **off)
+    kept.generate([Request("p", [1], 4)])
+    assert kept.metrics()["branch/pruned_per_prompt"] == 0
 
 
 def test_latr_mix_schedule_sets_the_tree_share():

@@ -129,6 +129,8 @@ class LatrBranching(Section):
     lookahead: list[TokenCount] = Field([20, 30, 50], min_length=1)  # tokens after birth at which a child is compared
     suffix_threshold: float = Field(0.2, ge=0.0, le=1.0)  # prune: common suffix over r above it
     rouge_threshold: float = Field(0.5, ge=0.0, le=1.0)  # prune: ROUGE-L above it
+    # prune: token edit distance over r below it; None: off (the math scripts; the code's countdown uses 0.4)
+    edit_threshold: float | None = Field(None, ge=0.0, le=1.0)
     mix_schedule: dict[int, float] = {0: 1.0, 100: 0.75, 200: 0.5, 300: 0.25}  # training step -> tree share η
     max_waves: int = Field(8, gt=0, le=1024)  # rounds of branching after prunes free slots
 

@@ -64,7 +64,7 @@ def build_branching(generator: Any, b: Any) -> Any:
         from adarl.rollout.latr import LatrGenerator
 
         return LatrGenerator(generator, b.abs_threshold, b.rel_threshold, tuple(b.lookahead), b.suffix_threshold,
-                             b.rouge_threshold, b.mix_schedule, b.max_waves)
+                             b.rouge_threshold, b.mix_schedule, b.max_waves, b.edit_threshold)
     if b.policy == "treepo":
         from adarl.rollout.treepo import TreePOGenerator
 

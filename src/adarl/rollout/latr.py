@@ -11,9 +11,11 @@ the chain branches: a child shares the prefix before that position and takes the
 there (a forced token, trained as an ordinary sample with its log-prob under the policy: the code
 applies no importance correction). A child is compared with its parent r ∈ (20, 30, 50) tokens
 after it was born, over those last r tokens of each; it is pruned if their longest common suffix
-is more than 0.2·r tokens, or if their ROUGE-L is above 0.5 (the check is skipped once either has
-ended). Survivors finish by plain sampling. η follows the mix-ratio schedule {0: 1, 100: 0.75,
-200: 0.5, 300: 0.25} over training steps (here: the generator's policy version).
+is more than 0.2·r tokens, or if their ROUGE-L is above 0.5, or (`edit_threshold` τ_ed, off by
+default as in the math scripts; the code's default and its countdown script use 0.4) if their
+token-level Levenshtein distance over r is below τ_ed (the check is skipped once either has ended).
+Survivors finish by plain sampling. η follows the mix-ratio schedule {0: 1, 100: 0.75, 200: 0.5,
+300: 0.25} over training steps (here: the generator's policy version).
 
 How adarl runs it. The code branches inside one decoding loop; adarl branches between calls of the
 ordinary generator, which gives the same tree: the chain is sampled first (recording each
@@ -66,6 +68,17 @@ def suffix_match(a: list[int], b: list[int]) -> float:
     return k / max(len(a), 1)
 
 
+def edit_distance(a: list[int], b: list[int]) -> int:
+    """Levenshtein distance of two token sequences: insertions, deletions and substitutions cost 1."""
+    prev = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        cur = [i]
+        for j, y in enumerate(b, 1):
+            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (x != y)))
+        prev = cur
+    return prev[-1]
+
+
 @dataclass
 class _Branch:
     rollout: Rollout
@@ -84,7 +97,7 @@ class LatrGenerator(TreeGenerator):
     def __init__(self, generator: Any, abs_threshold: float = 0.15, rel_threshold: float = 0.25,
                  lookahead: tuple[int, ...] = (20, 30, 50), suffix_threshold: float = 0.2,
                  rouge_threshold: float = 0.5, mix_schedule: dict[int, float] | None = None,
-                 max_waves: int = 8) -> None:
+                 max_waves: int = 8, edit_threshold: float | None = None) -> None:
         super().__init__(generator)
         if not capable(generator, "top2"):
             raise ValueError("LATR needs each position's two most likely tokens: rollout.backend: hf")
@@ -92,6 +105,7 @@ class LatrGenerator(TreeGenerator):
         self.abs_threshold, self.rel_threshold = abs_threshold, rel_threshold
         self.lookahead, self.max_waves = tuple(sorted(lookahead)), max_waves
         self.suffix_threshold, self.rouge_threshold = suffix_threshold, rouge_threshold
+        self.edit_threshold = edit_threshold  # None: the edit-distance test is off
         self.mix_schedule = dict(sorted((mix_schedule or MIX_SCHEDULE).items()))
 
     def tree_share(self) -> float:
@@ -173,6 +187,8 @@ class LatrGenerator(TreeGenerator):
                 elif len(pids) >= b.born + r:  # both still running at r tokens: compare the last r of each
                     window, theirs = b.own_ids[:r], pids[b.born:b.born + r]
                     if (suffix_match(window, theirs) > self.suffix_threshold
-                            or rouge_l(window, theirs) > self.rouge_threshold):
+                            or rouge_l(window, theirs) > self.rouge_threshold
+                            or (self.edit_threshold is not None
+                                and edit_distance(window, theirs) / r < self.edit_threshold)):
                         pruned.add(id(b))
         return [(i, b) for i, b in live if id(b) not in pruned], len(pruned)
