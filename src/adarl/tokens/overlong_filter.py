@@ -1,4 +1,4 @@
-"""DAPO overlong filtering (algorithms.md §1.3; DAPO paper, §3.4 "Overlong Filtering").
+"""DAPO overlong filtering (algorithms.md §1.3; the DAPO paper's "Overlong Filtering").
 
 A sample cut at the length limit (`finish_reason == "length"`) gets no loss:
 
