@@ -85,7 +85,7 @@ def run(args: argparse.Namespace, agg: str, bug: str = "") -> dict | None:
             from adarl.loss.aggregate import sequence_weights
 
             def per_rank(data, todo, seq_weight, self=learner):
-                share = self._my_micro_batches(todo, data.lengths)
+                share = self._my_micro_batches(todo, data)
                 mine = sorted(i for micro in share for i in micro)
                 kept = np.array([int((data.token_weights[i] > 0).sum()) for i in mine])
                 local = dict(zip(mine, sequence_weights(kept, self.loss.agg, self.max_len), strict=True))

@@ -84,10 +84,11 @@ def test_bapo_bounds_do_not_depend_on_micro_batches(trainer_and_batch):
     for key in ("bapo_c_low", "bapo_c_high", "bapo_positive_share"):
         assert m_small[key] == pytest.approx(m_whole[key], rel=1e-5), key
     # the second mini-batch's gradient follows an Adam step at lr 0.05, which amplifies float rounding
-    # (seen: 2e-6 on values up to 0.06); bounds searched per micro-batch change it by percents
+    # (seen: 2e-6 on values up to 0.06; 1.5e-4 of the norm with rows packed by shared prefix, whose attention
+    # sums in another order, against 4e-7 before the step); bounds searched per micro-batch change it by percents
     for a, b in zip(small, whole, strict=True):
         for name in b:
-            assert float((a[name] - b[name]).norm()) <= 1e-4 * float(b[name].norm()) + 1e-7, name
+            assert float((a[name] - b[name]).norm()) <= 1e-3 * float(b[name].norm()) + 1e-7, name
 
 
 def test_epochs_reuse_the_proximal_policy(trainer_and_batch):

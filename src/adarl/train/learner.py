@@ -28,7 +28,7 @@ from adarl.loss.base import LossInputs, PolicyLoss
 from adarl.rollout.base import Weights
 from adarl.tokens.base import batch_entropies
 from adarl.tokens.entropy import EntropyObserver
-from adarl.train.logprobs import completion_logprobs, micro_batches, pack
+from adarl.train.logprobs import Layout, completion_logprobs, layout_for, micro_batches, pack
 from adarl.train.teacher import Teacher
 from adarl.types import Batch, Rollout, shared_span_owners, trainable_masks
 
@@ -71,6 +71,7 @@ class StepData:
 
     rows: list[tuple[list[int], list[int]]]  # (prompt ids, every token after the prompt)
     lengths: list[int]
+    seqs: list[list[int]]  # prompt + completion: the micro-batcher groups common prefixes
     token_adv: list[np.ndarray]  # A_{i,t}: the rollout's advantage × its token weight (0: not trained)
     token_weights: list[np.ndarray]
     rollouts: list[Rollout]
@@ -97,6 +98,7 @@ class Learner:
         self._poisoned = False  # a micro-batch of the pending update had a non-finite loss
         self.entropy = entropy  # HAPO's ĥ statistics, fitted on each batch before its update
         self.teacher = teacher  # a distillation teacher (train/teacher.py): its term joins the loss
+        self.layout: Layout | None = None  # how forwards are packed (logprobs.py); None: `layout_for` the model
 
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint needs besides the weights and `optimizer.state_dict()`."""
@@ -112,12 +114,18 @@ class Learner:
             # (checkpoints before the teacher kept it held the length guard's reference beside it)
             self.teacher.load_state_dict({"guard_length": state.get("guard_length"), **state["teacher"]})
 
-    def _micro_batches(self, order: list[int], lengths: list[int]) -> list[list[int]]:
-        return micro_batches(order, lengths, self.cfg.micro_batch_tokens)
+    def _layout(self, model: torch.nn.Module | None = None) -> Layout:
+        return self.layout or layout_for(model or self.model)
+
+    def _micro_batches(self, order: list[int], data: StepData) -> list[list[int]]:
+        """`order` in micro-batches of `train.micro_batch_tokens` forwarded tokens; packed, by shared prefix."""
+        shared = self._layout() != "padded"
+        return micro_batches(order, data.lengths, self.cfg.micro_batch_tokens, data.seqs if shared else None)
 
     def _forward(self, batch_rows: list[tuple[list[int], list[int]]], grad: bool, model=None,
                  entropy_grad: bool = False, extra_ids: torch.Tensor | None = None):
-        packed = pack([p for p, _ in batch_rows], [c for _, c in batch_rows], self.pad_id).to(self.device)
+        packed = pack([p for p, _ in batch_rows], [c for _, c in batch_rows], self.pad_id,
+                      self._layout(model)).to(self.device)
         with torch.set_grad_enabled(grad), self._autocast():
             out = self._logprobs(model, packed, entropy_grad=entropy_grad, extra_ids=extra_ids)
         return (packed, *out)
@@ -153,7 +161,7 @@ class Learner:
             self.entropy.observe(batch_entropies(batch), masks)
         weights = masks if weights is None else [np.asarray(w) * m for w, m in zip(weights, masks, strict=True)]
         t = self.cfg
-        data = StepData(rows=rows, lengths=[len(p) + len(c) for p, c in rows],
+        data = StepData(rows=rows, lengths=[len(p) + len(c) for p, c in rows], seqs=[p + c for p, c in rows],
                         token_adv=token_advantages(rollouts, batch.advantages, weights, batch.span_advantages),
                         token_weights=weights, rollouts=rollouts, on_policy=t.mini_batches == 1 and t.epochs == 1)
         if self.teacher is not None:  # the teacher's prompt for each rollout, and which the length guard keeps
@@ -207,17 +215,17 @@ class Learner:
         if getattr(self.loss, "needs_prepare", False):
             with torch.no_grad():
                 self.loss.prepare([self._loss_inputs(data, micro, grad=False)[0]
-                                   for micro in self._micro_batches(todo, data.lengths)])
-        for micro in self._my_micro_batches(todo, data.lengths):
+                                   for micro in self._micro_batches(todo, data)])
+        for micro in self._my_micro_batches(todo, data):
             self._micro_step(data, micro, seq_weight)
 
-    def _my_micro_batches(self, order: list[int], lengths: list[int]) -> list[list[int]]:
+    def _my_micro_batches(self, order: list[int], data: StepData) -> list[list[int]]:
         """The micro-batches of `order` this process runs (all of them; a rank its share: train/sharded.py)."""
-        return self._micro_batches(order, lengths)
+        return self._micro_batches(order, data)
 
     def _old_logprobs(self, data: StepData, active: list[int]) -> None:
         """ℓ_old of rollouts `active` (into `data.old_logp`), at the parameters before the step's first update."""
-        for mb in self._my_micro_batches(active, data.lengths):
+        for mb in self._my_micro_batches(active, data):
             _, logp, _ = self._forward([data.rows[i] for i in mb], grad=False)
             for j, i in enumerate(mb):
                 data.old_logp[i] = logp[j, : len(data.rows[i][1])]

@@ -11,6 +11,7 @@ is onehot(y) − p) where it applies, else by activation checkpointing of the au
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -20,51 +21,163 @@ from torch.utils.checkpoint import checkpoint
 FUSED_HEAD = True
 
 
+#: the attention implementations that take a 4D mask of their own (transformers passes one through as is): there
+#: rows are packed end to end, a shared prefix forwarded once; any other attention gets right-padded rows
+MASKED_ATTENTION = ("sdpa", "eager")
+#: a packed row's width when no sequence is longer: one row's dense mask attends W×W pairs, so rows are cut to
+#: about this many tokens, whole prefix trees kept together where they fit
+ROW_TOKENS = 1024
+
+Layout = Literal["padded", "packed", "shared"]
+
+
+def layout_for(model: torch.nn.Module) -> Layout:
+    """How `model`'s forwards are packed: "shared" (rows end to end, a common token prefix forwarded once) where
+    its attention takes a 4D mask (`MASKED_ATTENTION`), else "padded" (one right-padded row per sequence:
+    flash-attention, a custom kernel, a model without `config`)."""
+    impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    return "shared" if impl in MASKED_ATTENTION else "padded"
+
+
 @dataclass
 class Packed:
-    """A right-padded micro-batch: prompt + completion ids, and where the completions are."""
+    """A micro-batch as the model reads it, and where each sequence's completion tokens are predicted.
 
-    input_ids: torch.Tensor  # (b, L)
-    completion_mask: torch.Tensor  # (b, Lc) bool, 1 for real completion tokens
+    Padded: one right-padded row per sequence (`position_ids` and `attention` None: causal from 0). Packed:
+    sequences end to end in rows of about `ROW_TOKENS`, each token at its position in its own sequence,
+    attending (`attention`, True = attend) to the tokens before it in its own sequence only. Shared: the
+    same, with the sequences laid out as a prefix tree (a token prefix common to several is one set of
+    positions, which every continuation attends to): a group's prompt, a shared span, a partial rollout's
+    head is forwarded, and back-propagated, once. Either way the hidden state of a completion token's
+    predecessor is the one the unpacked sequence would give it (causal attention sees nothing else)."""
+
+    input_ids: torch.Tensor  # (R, W)
+    completion_mask: torch.Tensor  # (b, Lc) bool, 1 for real completion tokens, in the sequences' order
     targets: torch.Tensor  # (b, Lc) completion token ids (0 where masked)
-    source: torch.Tensor  # (N,) flat index into (b, L) of the hidden state predicting each target
+    source: torch.Tensor  # (N,) flat index into (R, W) of the hidden state predicting each target
     prompt_lens: list[int]
+    position_ids: torch.Tensor | None = None  # (R, W) each token's position in its sequence
+    attention: torch.Tensor | None = None  # (R, 1, W, W) bool: query i attends to key j
 
     def to(self, device: torch.device) -> Packed:
         """The same micro-batch on `device` (built on the host, copied once)."""
         if self.input_ids.device == device:
             return self
-        return Packed(self.input_ids.to(device), self.completion_mask.to(device), self.targets.to(device),
-                      self.source.to(device), self.prompt_lens)
+        moved = [None if t is None else t.to(device) for t in (self.input_ids, self.completion_mask, self.targets,
+                                                                 self.source, self.position_ids, self.attention)]
+        return Packed(*moved[:4], self.prompt_lens, *moved[4:])
+
+    @property
+    def tokens(self) -> int:
+        """Tokens the model forwards (padding included)."""
+        return self.input_ids.numel()
 
 
-def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int) -> Packed:
+def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int, layout: Layout = "padded") -> Packed:
+    """`prompts[i] + completions[i]` as `layout` lays them out (see `Packed`); every prompt needs a token."""
+    if any(not p for p in prompts):
+        raise ValueError("pack: every sequence needs a prompt token (the first completion token's predecessor)")
     b = len(prompts)
-    width = max(len(p) + len(c) for p, c in zip(prompts, completions, strict=True))
     lc = max(len(c) for c in completions)
-    ids = torch.full((b, width), pad_id, dtype=torch.long)
     mask = torch.zeros((b, lc), dtype=torch.bool)
     targets = torch.zeros((b, lc), dtype=torch.long)
-    source = []
-    for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
-        ids[i, : len(p) + len(c)] = torch.tensor(p + c)
+    for i, c in enumerate(completions):
         mask[i, : len(c)] = True
-        targets[i, : len(c)] = torch.tensor(c)
+        targets[i, : len(c)] = torch.tensor(c, dtype=torch.long)
+    seqs = [p + c for p, c in zip(prompts, completions, strict=True)]
+    if layout == "padded":
+        width = max(map(len, seqs))
+        ids = torch.full((b, width), pad_id, dtype=torch.long)
+        for i, s in enumerate(seqs):
+            ids[i, : len(s)] = torch.tensor(s)
         # the hidden state at position t predicts token t + 1
-        source.extend(i * width + len(p) - 1 + t for t in range(len(c)))
-    return Packed(ids, mask, targets, torch.tensor(source, dtype=torch.long), [len(p) for p in prompts])
+        source = [i * width + len(prompts[i]) - 1 + t for i, c in enumerate(completions) for t in range(len(c))]
+        return Packed(ids, mask, targets, torch.tensor(source, dtype=torch.long), [len(p) for p in prompts])
+    rows, places = _tree_rows(seqs, share=layout == "shared")
+    width = max(map(len, rows))
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    positions = torch.zeros((len(rows), width), dtype=torch.long)
+    attention = torch.zeros((len(rows), 1, width, width), dtype=torch.bool)
+    for r, row in enumerate(rows):
+        ids[r, : len(row)] = torch.tensor([t for t, _ in row])
+        depth = [d for _, d in row] + [0] * (width - len(row))  # padding: position 0, attending to itself alone
+        positions[r] = torch.tensor(depth)
+        attention[r, 0] = _tree_mask(depth)
+    source = [r * width + place[len(prompts[i]) - 1 + t] for i, (r, place) in enumerate(places)
+              for t in range(len(completions[i]))]
+    return Packed(ids, mask, targets, torch.tensor(source, dtype=torch.long), [len(p) for p in prompts],
+                  positions, attention)
 
 
-def micro_batches(order: list[int], lengths: list[int], max_tokens: int) -> list[list[int]]:
-    """Indices of `order` in length-sorted micro-batches whose padded size (rows × longest) stays
-    within `max_tokens` (a row longer than that is a micro-batch of its own)."""
+def _tree_rows(seqs: list[list[int]], share: bool) -> tuple[list[list[tuple[int, int]]], list[tuple[int, list[int]]]]:
+    """Sequences laid out in rows of (token, position) pairs, and for each sequence its row and the index in
+    that row of each of its tokens. Shared: sorted lexicographically, each sequence adds only the tokens past
+    its common prefix with the one before it in its row (lexicographic order is the prefix tree's depth-first
+    order, and the longest common prefix with any earlier sequence is the one with the previous)."""
+    order = sorted(range(len(seqs)), key=seqs.__getitem__) if share else range(len(seqs))
+    cap = max(ROW_TOKENS, max(map(len, seqs)))
+    rows: list[list[tuple[int, int]]] = []
+    places: list[tuple[int, list[int]]] = [(0, [])] * len(seqs)
+    prev: list[int] = []
+    prev_place: list[int] = []
+    for i in order:
+        s = seqs[i]
+        common = _common_prefix(prev, s) if share else 0
+        if not rows or len(rows[-1]) + len(s) - common > cap:
+            rows.append([])
+            common = 0
+        row = rows[-1]
+        place = prev_place[:common] + list(range(len(row), len(row) + len(s) - common))
+        row.extend((s[d], d) for d in range(common, len(s)))
+        places[i] = (len(rows) - 1, place)
+        prev, prev_place = s, place
+    return rows, places
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    for k in range(n):
+        if a[k] != b[k]:
+            return k
+    return n
+
+
+def _tree_mask(depth: list[int]) -> torch.Tensor:
+    """(n, n) bool: token i attends to token j when j is i or an ancestor of i in the depth-first layout
+    `depth` (each token's position): j ≤ i < end(j), end(j) the first index after j no deeper than j."""
+    n = len(depth)
+    end = [n] * n
+    stack: list[int] = []
+    for k, d in enumerate(depth):
+        while stack and depth[stack[-1]] >= d:
+            end[stack.pop()] = k
+        stack.append(k)
+    ar = torch.arange(n)
+    return (ar[None, :] <= ar[:, None]) & (ar[:, None] < torch.tensor(end)[None, :])
+
+
+def micro_batches(order: list[int], lengths: list[int], max_tokens: int,
+                  seqs: list[list[int]] | None = None) -> list[list[int]]:
+    """Indices of `order` in micro-batches of at most `max_tokens` forwarded tokens (a sequence longer than
+    that is a micro-batch of its own). Padded (`seqs` None): length-sorted, rows × longest. Shared (`seqs`
+    given): sorted lexicographically, so sequences with a common prefix (a group's prompt, a tree's
+    branches) share a micro-batch, counting the tokens past each one's common prefix with the one before."""
     out: list[list[int]] = []
     current: list[int] = []
-    for i in sorted(order, key=lambda i: lengths[i]):
-        if current and (len(current) + 1) * lengths[i] > max_tokens:
+    used = 0
+    key = (lambda i: lengths[i]) if seqs is None else seqs.__getitem__
+    for i in sorted(order, key=key):
+        if seqs is None:
+            cost, fits = lengths[i], (len(current) + 1) * lengths[i] <= max_tokens
+        else:
+            cost = lengths[i] - (_common_prefix(seqs[current[-1]], seqs[i]) if current else 0)
+            fits = used + cost <= max_tokens
+        if current and not fits:
             out.append(current)
-            current = []
+            current, used = [], 0
+            cost = lengths[i]
         current.append(i)
+        used += cost
     if current:
         out.append(current)
     return out
@@ -157,9 +270,22 @@ def _head(lm_head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor,
 
 def _flat(model: torch.nn.Module, packed: Packed) -> torch.Tensor:
     decoder = model.get_decoder()
-    # right padding only: causal attention never lets a real token see the padding after it
-    hidden = decoder(input_ids=packed.input_ids, use_cache=False).last_hidden_state
+    kw = {}
+    if packed.attention is not None:  # packed rows: each token's own position and its sequence's tokens
+        kw = {"position_ids": packed.position_ids, "attention_mask": _mask_for(model, packed.attention)}
+    # padded rows are right-padded: causal attention never lets a real token see the padding after it
+    hidden = decoder(input_ids=packed.input_ids, use_cache=False, **kw).last_hidden_state
     return hidden.reshape(-1, hidden.shape[-1]).index_select(0, packed.source)
+
+
+def _mask_for(model: torch.nn.Module, attention: torch.Tensor) -> torch.Tensor:
+    """The 4D mask as `model`'s attention takes it: sdpa a boolean one; eager adds it to the scores."""
+    if layout_for(model) != "shared":
+        raise ValueError(f"packed rows need an attention that takes a 4D mask ({', '.join(MASKED_ATTENTION)}); "
+                         f"{type(model).__name__} has {getattr(model.config, '_attn_implementation', None)!r}")
+    if model.config._attn_implementation == "sdpa":
+        return attention
+    return torch.zeros(attention.shape).masked_fill_(~attention, torch.finfo(torch.float32).min)
 
 
 def _unflat(packed: Packed, parts: list[torch.Tensor]) -> torch.Tensor:

@@ -102,14 +102,19 @@ def _collective_error(err: BaseException) -> bool:
     return isinstance(err, dist.DistError) or (isinstance(err, RuntimeError) and ("gloo" in text or "NCCL" in text))
 
 
-def split_by_tokens(order: list[int], lengths: list[int], ranks: int) -> list[list[int]]:
-    """`order` in `ranks` shares of about equal tokens: longest first, each to the share with the fewest."""
+def split_by_tokens(order: list[int], lengths: list[int], ranks: int,
+                    together: list[Any] | None = None) -> list[list[int]]:
+    """`order` in `ranks` shares of about equal tokens: longest first, each to the share with the fewest.
+    `together`: a key per rollout; rollouts with equal keys (one prompt: a shared prefix) go to one share."""
+    units: dict[Any, list[int]] = {}
+    for i in order:
+        units.setdefault(i if together is None else together[i], []).append(i)
     shares: list[list[int]] = [[] for _ in range(ranks)]
     load = [0] * ranks
-    for i in sorted(order, key=lambda i: (-lengths[i], i)):
+    for unit in sorted(units.values(), key=lambda u: (-sum(lengths[i] for i in u), u[0])):
         r = int(np.argmin(load))
-        shares[r].append(i)
-        load[r] += lengths[i]
+        shares[r].extend(unit)
+        load[r] += sum(lengths[i] for i in unit)
     return [sorted(s) for s in shares]
 
 
@@ -308,9 +313,12 @@ class ShardedLearner(Learner):
             batch_rows = [([self.pad_id], [self.pad_id])]
         return super()._forward(batch_rows, grad, model=model, **kw)
 
-    def _my_micro_batches(self, order: list[int], lengths: list[int]) -> list[list[int]]:
-        """This rank's share of `order` in micro-batches, padded with idle ones ([]) to the most any rank has."""
-        per_rank = [self._micro_batches(share, lengths) for share in split_by_tokens(order, lengths, self.world)]
+    def _my_micro_batches(self, order: list[int], data: StepData) -> list[list[int]]:
+        """This rank's share of `order` in micro-batches, padded with idle ones ([]) to the most any rank has.
+        Packed by shared prefix, a prompt's rollouts stay on one rank (its prompt is forwarded once)."""
+        prompts = [tuple(p) for p, _ in data.rows] if self._layout() != "padded" else None
+        per_rank = [self._micro_batches(share, data) for share in split_by_tokens(order, data.lengths, self.world,
+                                                                                   prompts)]
         mine = per_rank[self.rank]
         return mine + [[] for _ in range(max(map(len, per_rank)) - len(mine))]
 

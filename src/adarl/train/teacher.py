@@ -24,7 +24,7 @@ import torch
 from adarl.loss.base import LossInputs
 from adarl.loss.distill import distill_terms
 from adarl.models import chat_ids, load_reference
-from adarl.train.logprobs import completion_topk, pack
+from adarl.train.logprobs import completion_topk, layout_for, pack
 from adarl.types import Batch, Problem, Rollout
 
 PRIVILEGED = {"answer": "The correct final answer is: {}", "hint": "Hint: {}", "solution": "A worked solution: {}"}
@@ -69,7 +69,8 @@ class Teacher:
         was_training = model.training
         model.eval()
         try:
-            packed = pack([p for p, _ in rows], [c for _, c in rows], pad_id)
+            # packed by shared prefix where the model's attention allows: the group's teacher prompt once
+            packed = pack([p for p, _ in rows], [c for _, c in rows], pad_id, layout_for(model))
             self.forward_tokens += sum(len(p) + len(c) for p, c in rows)
             return completion_topk(model, packed, self.temperature, self.chunk, self.cfg.top_k)
         finally:
