@@ -32,8 +32,50 @@ def load_recipe(source: str | Path | dict[str, Any] | Recipe,
     return _load(source, overrides)
 
 
-def check_run(recipe: Recipe, run_dir: Path, resume: bool) -> None:
-    """What must hold before a run starts or resumes in `run_dir` (RecipeError / ValueError otherwise)."""
+def check_groups(recipe: Recipe, max_tokens_name: str = "budget.max_tokens") -> list[str]:
+    """A token budget too small for one step of the recipe's groups, found before any model loads.
+
+    The first step knows no completion lengths, so it prices every rollout at rollout.max_new_tokens and trims
+    its groups to what the budget allows (allocate/base.py: `fit`). A budget that cannot give each of the
+    step's prompts two rollouts at that price draws groups of one, which a group-relative advantage learns
+    nothing from: a RecipeError naming the minimum. A budget below the step's full groups runs with them
+    trimmed: a warning (returned). A recipe whose allocator itself plans groups of one is left alone."""
+    from adarl import registry
+    from adarl.budget import Budget
+    from adarl.select.store import DifficultyStore
+    from adarl.types import Problem
+
+    allocator = registry.build("allocate", recipe.allocate)
+    problems = [Problem(f"p{i}", "") for i in range(allocator.candidates(recipe.budget.prompts_per_step))]
+    sizes = list(allocator.plan(problems, DifficultyStore([p.id for p in problems], problems=problems),
+                                Budget()).values())
+    if not sizes or min(sizes) < 2:
+        return []
+    b, length, prompts = recipe.budget, recipe.rollout.max_new_tokens, len(sizes)
+    full = f"{sum(sizes):,} rollouts × {length} new tokens = {sum(sizes) * length:,} tokens"
+    out = []
+    for name, limit, pairs, whole in ((max_tokens_name, b.max_tokens, 2 * prompts * length, sum(sizes) * length),
+                                      ("budget.tokens_per_step", b.tokens_per_step, 2 * prompts * length,
+                                       sum(sizes) * length),
+                                      ("budget.rollouts_per_step", b.rollouts_per_step, 2 * prompts, sum(sizes))):
+        if limit is None or limit >= whole:
+            continue
+        unit = "rollouts" if name.endswith("rollouts_per_step") else "tokens"
+        if limit < pairs:
+            need = f"{prompts} prompts × 2 rollouts" + (f" × {length} new tokens" if unit == "tokens" else "")
+            raise RecipeError(
+                f"{name} is {limit:,}, too small for one step of {recipe.name}: groups of two need {need} = "
+                f"{pairs:,} {unit} at least (its full step: {full}); with less, its first step draws groups of one "
+                f"rollout, from which {recipe.advantage.get('name', 'the advantage')} learns nothing. Give at least "
+                f"{pairs:,}, or fewer budget.prompts_per_step")
+        out.append(f"{name} {limit:,} is below one full step of {recipe.name} ({full}): its first step's groups "
+                   "are trimmed to fit")
+    return out
+
+
+def check_run(recipe: Recipe, run_dir: Path, resume: bool) -> list[str]:
+    """What must hold before a run starts or resumes in `run_dir` (RecipeError / ValueError otherwise); the
+    warnings to show (`check_groups`)."""
     from adarl.rewards import validate_callable
     from adarl.train.build import missing_packages
     from adarl.train.checkpoint import list_checkpoints
@@ -59,6 +101,7 @@ def check_run(recipe: Recipe, run_dir: Path, resume: bool) -> None:
             validate_environment(recipe.rollout.agent.environment)
         except ValueError as err:
             raise RecipeError(str(err)) from None
+    return check_groups(recipe)
 
 
 def train(recipe: str | Path | dict[str, Any] | Recipe, run_dir: str | Path | None = None, *,

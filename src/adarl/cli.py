@@ -110,7 +110,8 @@ def train(
             target = run_dir or Path("runs") / loaded.name
         from adarl.api import check_run
 
-        check_run(loaded, target, resume is not None)  # the same checks as the Python API's train
+        for warning in check_run(loaded, target, resume is not None):  # the same checks as the Python API's train
+            typer.secho(f"warning: {warning}", fg=typer.colors.YELLOW, err=True)
     except RecipeError as err:
         _fail(str(err))
     except (ValueError, ImportError) as err:
@@ -344,7 +345,8 @@ def compare(
         except ImportError:
             _fail("--ray needs the ray package: pip install 'adarl[ray]' (without --ray, runs are sequential)")
     try:
-        jobs = cmp.plan(recipes, range(seeds), budget_tokens, Path("."), set_ or [], eval_points)
+        jobs = cmp.plan(recipes, range(seeds), budget_tokens, Path("."), set_ or [], eval_points,
+                        warn=lambda w: typer.secho(f"warning: {w}", fg=typer.colors.YELLOW, err=True))
         names = list(dict.fromkeys(j.name for j in jobs))
         comparison.pick_baseline(names, baseline, [str(next(j.recipe for j in jobs if j.name == n)) for n in names])
         for r in recipes:  # fail fast on a callable reward that does not import

@@ -56,13 +56,16 @@ def run_state(run_dir: Path) -> str:
 
 
 def plan(recipes: Sequence[str | Path], seeds: Sequence[int], budget_tokens: int, out: Path,
-         extra: Sequence[str] = (), eval_points: int = EVAL_POINTS) -> list[Job]:
-    """One job per (recipe, seed); every recipe is validated first (RecipeError on a problem).
+         extra: Sequence[str] = (), eval_points: int = EVAL_POINTS,
+         warn: Callable[[str], None] = lambda _: None) -> list[Job]:
+    """One job per (recipe, seed); every recipe is validated first (RecipeError on a problem), its budget too
+    (`api.check_groups`: refused when too small for one step of its groups; `warn` told when it trims them).
 
     `eval_points` > 0: every run evaluates where its sampled tokens first reach each multiple of
     budget / `eval_points` (`eval.every_tokens`, `eval.every: 0`), so every recipe's curve and AUC rest on
     the same token points whatever its tokens per step; 0 keeps each recipe's `eval.every` (steps). An
     `eval.*` key in `extra` still wins."""
+    from adarl.api import check_groups
     from adarl.config import RecipeError, load_recipe
 
     names: list[str] = []
@@ -72,6 +75,8 @@ def plan(recipes: Sequence[str | Path], seeds: Sequence[int], budget_tokens: int
     for path in recipes:
         base = [*points, *extra, f"budget.max_tokens={budget_tokens}", "budget.max_steps=null"]
         recipe = load_recipe(path, base)
+        for warning in check_groups(recipe, "--budget-tokens"):
+            warn(warning)
         loaded.append((Path(path), base))
         names.append(recipe.name)
         data_seeds.append(recipe.task.data_seed)

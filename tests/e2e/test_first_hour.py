@@ -96,3 +96,66 @@ def test_print_table_stacks_what_does_not_fit():
     assert screen.getvalue().splitlines() == [
         "wide", "  quickstart_drgrpo", "    pass@1 at 6.0k [95% CI]  0.123 [0.045, 0.201]",
         "    tokens to start + 0.1    3.4k (1/2 seeds; rest not reached)"]
+
+
+# ---------------------------------------------------------------- a budget too small for one step
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """Loading a model fails the test: what is refused must be refused before any model loads."""
+    import adarl.models
+    import adarl.train.trainer
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(adarl.models, "load_model", refuse)
+    monkeypatch.setattr(adarl.train.trainer, "load_model", refuse)
+
+
+def test_budget_below_one_step_of_pairs_is_refused_before_the_model(tmp_path, no_model):
+    """The quickstart's first step: 8 prompts, groups of 8, each rollout priced at max_new_tokens 64. Groups of
+    two need 8 × 2 × 64 = 1,024 tokens; 1,000 would draw groups of one. Refused by `train` and `compare`, with
+    the minimum named, before a model loads or a run directory is made."""
+    run = tmp_path / "run"
+    said = CliRunner().invoke(app, ["train", "quickstart", "budget.max_tokens=1000", "budget.max_steps=null",
+                                    "--run-dir", str(run)], env={"COLUMNS": "2000"})
+    assert said.exit_code == 2 and "error: budget.max_tokens is 1,000" in said.output, said.output
+    assert "at least 1,024" in said.output and not run.exists()
+    out = tmp_path / "cmp"
+    said = CliRunner().invoke(app, ["compare", "quickstart", "quickstart_drgrpo", "--seeds", "2", "--budget-tokens",
+                                    "1000", "--out", str(out)], env={"COLUMNS": "2000"})
+    assert said.exit_code == 2 and "error: --budget-tokens is 1,000" in said.output, said.output
+    assert "at least 1,024" in said.output and not out.exists()
+    # 8 prompts × 4 rollouts × 8 tokens = 256 for the full step, 128 for pairs
+    small = ["rollout.max_new_tokens=8", "allocate.n=4", "budget.max_steps=null"]
+    from adarl.api import check_groups
+    from adarl.config import RecipeError, load_recipe
+
+    for tokens, refused, warned in ((127, True, False), (128, False, True), (255, False, True), (256, False, False)):
+        recipe = load_recipe("quickstart", [*small, f"budget.max_tokens={tokens}"])
+        if refused:
+            with pytest.raises(RecipeError, match="at least 128"):
+                check_groups(recipe)
+        else:
+            assert bool(check_groups(recipe)) == warned, tokens
+    per_step = load_recipe("quickstart", [*small, "budget.max_tokens=4096", "budget.rollouts_per_step=15"])
+    with pytest.raises(RecipeError, match="budget.rollouts_per_step is 15.* at least 16"):
+        check_groups(per_step)
+
+
+def test_groups_of_one_are_flagged_unless_only_the_last_step_has_them():
+    from adarl.metrics.health import check
+
+    def rows(smallest: list[int], largest: list[int]) -> list[dict]:
+        return [{"step": i + 1, "rollouts_per_prompt_min": lo, "rollouts_per_prompt_max": hi}
+                for i, (lo, hi) in enumerate(zip(smallest, largest, strict=True))]
+
+    # step 2 drew a group of one; the last step's (what was left of the budget) does not count
+    (flag,) = check(rows([8, 1, 2, 1], [8, 2, 2, 1]))
+    assert flag.kind == "groups_of_one" and flag.step == 2 and "1 of 4 steps drew groups of one" in str(flag)
+    (flag,) = check(rows([2, 1, 1, 8], [2, 2, 2, 8]))
+    assert flag.step == 2 and "2 of 4 steps" in str(flag)
+    assert check(rows([8, 8, 1], [8, 8, 1])) == []  # only the last step
+    assert check(rows([1, 1, 1], [1, 1, 1])) == []  # a recipe that plans groups of one

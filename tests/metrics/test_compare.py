@@ -28,6 +28,7 @@ def synthetic_config(name: str, seed: int, advantage: str = "grpo") -> str:
         "task": {"source": "reasoning_gym", "name": "basic_arithmetic", "eval_size": 50},
         "advantage": {"name": advantage},
         "loss": {"name": "ppo_clip", "agg": "token-mean" if advantage == "grpo" else "seq-mean-token-sum-norm"},
+        "rollout": {"max_new_tokens": 16},  # 1000 tokens buy a step of 8 prompts × 2 rollouts (api.check_groups)
         "budget": {"max_steps": None, "max_tokens": 1000},
     }
     return dump_recipe(load_recipe(data=data))
@@ -233,7 +234,7 @@ def test_find_runs_keeps_the_comparison_order(tmp_path):
 def _recipe_file(tmp_path: Path, name: str, advantage: str = "grpo") -> Path:
     path = tmp_path / f"{name}.yaml"
     data = yaml.safe_load(synthetic_config(name, 0, advantage))
-    data["budget"] = {"max_steps": 30, "prompts_per_step": 8}
+    data["budget"] = {"max_steps": 30, "prompts_per_step": 2}  # a 100-token budget buys a step of pairs
     path.write_text(yaml.safe_dump(data))
     return path
 

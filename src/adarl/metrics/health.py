@@ -24,6 +24,12 @@ Each check returns a `Flag` naming the metric, what happened and the step where 
   answer the policy's way (an SFT model that answers with the number alone gives the policy's first
   tokens 11-27 nats less than the policy does, and the answers collapse; docs/benchmarks.md). It began
   at the first step of the final stretch below that line.
+- ``groups_of_one``: a training step before the last drew a group of one rollout
+  (``rollouts_per_prompt_min`` 1) in a run whose groups are otherwise larger: a group-relative
+  advantage learns nothing from it. A token budget that cannot pay for the step's groups trims them
+  so (allocate/base.py: `fit`); `adarl train` refuses a budget too small for one step of groups of two
+  before any model loads (api.check_groups). The last step, which gets what is left of the budget, is
+  not flagged for it. Flagged from the first such step.
 """
 
 from __future__ import annotations
@@ -51,7 +57,7 @@ class Thresholds:
 
 @dataclass(frozen=True)
 class Flag:
-    kind: str  # eval_below_start | rising | entropy_collapse | nothing_to_act_on | leaving_the_teacher
+    kind: str  # eval_below_start | rising | entropy_collapse | nothing_to_act_on | leaving_the_teacher | groups_of_one
     metric: str
     step: int  # where it began
     detail: str
@@ -139,6 +145,20 @@ def leaving_the_teacher(rows: Sequence[dict[str, Any]], t: Thresholds = Threshol
                 "answers) keeps it near 0")
 
 
+def groups_of_one(rows: Sequence[dict[str, Any]]) -> Flag | None:
+    steps, smallest = series(rows, "rollouts_per_prompt_min")
+    _, largest = series(rows, "rollouts_per_prompt_max")
+    if steps.size < 2 or largest.max() < 2:
+        return None
+    ones = steps[:-1][smallest[:-1] < 2]
+    if not ones.size:
+        return None
+    return Flag("groups_of_one", "rollouts_per_prompt_min", int(ones[0]),
+                f"{ones.size} of {steps.size} steps drew groups of one rollout, from which a group-relative "
+                "advantage learns nothing; the token budget trimmed them: raise budget.max_tokens (or "
+                "budget.tokens_per_step)")
+
+
 UNSEEN_KEY = "selected/unseen_fraction"
 NON_ADAPTIVE = ("uniform",)  # selectors that read nothing from the store: unseen prompts are no problem
 
@@ -164,8 +184,9 @@ def selector_of(config: dict[str, Any]) -> str | None:
 
 
 def check(rows: Sequence[dict[str, Any]], t: Thresholds = Thresholds(), selector: str | None = None) -> list[Flag]:
-    """Every flag of a run, in the order: eval, truncation, length, entropy, selection, distillation (`selector`: the
-    run's selector by name, `selector_of(config)`; None skips the selection check)."""
+    """Every flag of a run, in the order: eval, truncation, length, entropy, selection, distillation, group size
+    (`selector`: the run's selector by name, `selector_of(config)`; None skips the selection check)."""
     found = [eval_below_start(rows, t), rising(rows, "truncated_fraction", t), rising(rows, "response_length", t),
-             entropy_collapse(rows, t), nothing_to_act_on(rows, selector, t), leaving_the_teacher(rows, t)]
+             entropy_collapse(rows, t), nothing_to_act_on(rows, selector, t), leaving_the_teacher(rows, t),
+             groups_of_one(rows)]
     return [f for f in found if f is not None]
