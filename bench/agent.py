@@ -22,8 +22,9 @@ setting is what fitted a contended 2-core CPU, and trains almost nothing (docs/b
 The printed table ends with the paired differences SFT + RL − SFT and SFT + RL − RL without tools:
 mean Δ and 95% t interval over the seeds both conditions have (adarl.stats.paired).
 
-Each finished run's metrics are kept under bench/results/agent/<condition>/seed<k>/ (commit them as
-they finish); a kept run is not redone. Target (issue 15): SFT + RL at least 20 points above both SFT
+Each finished run's result is kept under bench/results/agent/<condition>/seed<k>/ (commit them as
+they finish; its metrics.jsonl is packed into the folder's runs.tar.gz, bench/results/README.md); a kept
+run is not redone. Target (issue 15): SFT + RL at least 20 points above both SFT
 alone and no-tool RL; the loop at least 0.8x plain generation's sampled tokens/s.
 """
 

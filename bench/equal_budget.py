@@ -1,19 +1,24 @@
 """Shared by the equal-budget benchmarks: a resumable queue of training runs and their curves.
 
 A run is one recipe + overrides trained to a token budget under `runs/<...>/seed<S>`. Finished
-runs (a `final/` folder, or their metrics kept under bench/results/) are read back, not redone.
+runs (a `final/` folder, or their metrics kept under bench/results/) are read back, not redone. A
+benchmark's kept runs are packed into its `runs.tar.gz` (`archive_runs`; bench/results/README.md):
+`read_kept` reads a kept file from there as from the folder.
 Several processes can work through one benchmark: each claims a run (an O_EXCL file holding its
 pid) before training it.
 """
 
 from __future__ import annotations
 
+import gzip
+import io
 import json
 import os
 import shlex
 import shutil
 import subprocess
 import sys
+import tarfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -50,6 +55,53 @@ def cold_start(task: str, recipe: str, overrides: list[str], runs: Path = Path("
         base = load_recipe(recipe, overrides + ["log.progress=false", "log.tensorboard=false"])
         run_sft(base, run_dir, "nll", steps=steps, target=column)
     return [f"model.path={run_dir / 'final'}"]
+
+
+ARCHIVE = "runs.tar.gz"
+
+
+def read_kept(path: Path) -> str | None:
+    """A kept file's text: the file, or its copy in the `runs.tar.gz` of a folder above it; None if neither."""
+    if path.exists():
+        return path.read_text()
+    for folder in path.parents:
+        if (folder / ARCHIVE).is_file():
+            with tarfile.open(folder / ARCHIVE) as tar:
+                try:
+                    member = tar.extractfile(path.relative_to(folder).as_posix())
+                except KeyError:
+                    return None
+                return None if member is None else member.read().decode()
+    return None
+
+
+def archive_runs(folder: Path) -> int:
+    """Pack every kept run's files under `folder` (what sits in a `seed<k>/` folder but its result.json) into
+    `folder/runs.tar.gz`, with what the archive held (a file beats its old copy), and delete them. The same
+    files give the same bytes (sorted, no dates or owners), so a re-pack changes git only where a run did."""
+    loose = sorted(p for p in folder.rglob("*") if p.is_file() and p.parent.name.startswith("seed")
+                   and p.name != "result.json")
+    files: dict[str, bytes] = {}
+    if (folder / ARCHIVE).is_file():
+        with tarfile.open(folder / ARCHIVE) as tar:
+            files = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+    files.update({p.relative_to(folder).as_posix(): p.read_bytes() for p in loose})
+    if not files:
+        return 0
+    packed = folder / (ARCHIVE + ".tmp")
+    with open(packed, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as gz, \
+            tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name in sorted(files):
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(files[name]), 0o644
+            tar.addfile(info, io.BytesIO(files[name]))
+    packed.replace(folder / ARCHIVE)
+    for path in loose:
+        path.unlink()
+    for path in sorted((p for p in folder.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+        if not any(path.iterdir()):
+            path.rmdir()
+    return len(loose)
 
 
 def claim(run_dir: Path) -> bool:
@@ -91,12 +143,13 @@ def train_run(recipe: str, overrides: list[str], run_dir: Path, label: str, repo
     process is on it, or `report_only`. `start` gives overrides needed only to train (a cold-start
     model, itself trained on first need), so a kept run never asks for it.
 
-    A finished run's metrics.jsonl is also copied to `results` (kept in git under bench/results/),
-    which counts as done: a later session on another machine reuses it instead of retraining.
+    A finished run's metrics.jsonl is also copied to `results` (kept in git under bench/results/, plain or
+    packed by `archive_runs`), which counts as done: a later session on another machine reuses it instead
+    of retraining.
     """
     kept = results / "metrics.jsonl" if results is not None else None
-    if kept is not None and kept.exists():
-        return [json.loads(x) for x in kept.read_text().splitlines()]
+    if kept is not None and (text := read_kept(kept)) is not None:
+        return [json.loads(x) for x in text.splitlines()]
     if not (run_dir / "final").exists():
         if report_only or not claim(run_dir):
             return None

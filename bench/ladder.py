@@ -15,7 +15,8 @@ token ratio can be read. Its teacher for OPD is the quickstart's own run (`make 
         --teacher runs/<quickstart>/final --results bench/results/ladder --runs runs/bench-ladder
 
 Runs go through bench/allocation.py's queue (resumable, results kept under bench/results/allocation/
-<task>/b<budget>/<method>/); its tables give the paired differences to uniform. This adds what the
+<task>/b<budget>/<method>/, packed into its runs.tar.gz: bench/results/README.md); its tables give the
+paired differences to uniform. This adds what the
 ladder is for: how many all-failed groups a hint turned into mixed (trainable) groups, the rung
 counts, and the teacher's extra forward tokens per sampled token.
 """

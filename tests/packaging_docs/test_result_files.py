@@ -8,8 +8,12 @@ pass rates must be the reproduction's, formatted as adarl prints them.
 
 from __future__ import annotations
 
+import fnmatch
+import glob
 import io
 import json
+import re
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -94,3 +98,45 @@ def test_the_check_sees_a_figure_quoted_otherwise():
     assert unquoted(figures, (ROOT / "README.md").read_text())
     row = {**stored()["reproduced"]["curve"][10], "reward": 0.25}
     assert not stored()["timed"]["printed"][1].startswith(printed(row, 30, 301.3))
+
+
+#: the pages that quote results: the READMEs, docs and the recipes' headers
+NAMING = ["README.md", "bench/results/README.md",
+          *sorted(p.relative_to(ROOT).as_posix() for folder in ("docs", "recipes")
+                  for p in (ROOT / folder).rglob("*") if p.suffix in (".md", ".yaml"))]
+RESULT_PATH = re.compile(r"bench/results/[\w./+<>-]*[\w>/]")
+#: a kept run's file, named as a page names it: "`addition/b10000/uniform/seed0/metrics.jsonl` in `bench/...gz`"
+IN_ARCHIVE = re.compile(r"`([\w./+<>-]+)` in `(bench/results/[\w/]+/runs\.tar\.gz)`")
+
+
+def pattern(path: str) -> str:
+    """`<task>`-style placeholders match any one name."""
+    return re.sub(r"<[^>/]+>", "*", path.rstrip("/"))
+
+
+def in_archive(member: str, archive: str) -> bool:
+    with tarfile.open(ROOT / archive) as tar:
+        return any(fnmatch.fnmatch(name, pattern(member)) or fnmatch.fnmatch(name, pattern(member) + "/*")
+                   for name in tar.getnames())
+
+
+def unresolved(text: str) -> list[str]:
+    """What `text` names under bench/results that is neither in the tree nor in the archive it names."""
+    paths = {path for path in RESULT_PATH.findall(text) if "campaign/" not in path}  # tidied after its runs
+    missing = [path for path in sorted(paths) if not glob.glob(str(ROOT / pattern(path)))]
+    return missing + [f"{member} in {archive}" for member, archive in sorted(set(IN_ARCHIVE.findall(text)))
+                      if (ROOT / archive).is_file() and not in_archive(member, archive)]
+
+
+@pytest.mark.parametrize("page", NAMING)
+def test_every_result_a_page_names_is_committed(page):
+    assert not unresolved((ROOT / page).read_text())
+
+
+def test_the_check_sees_a_result_that_is_not_committed():
+    archive = "bench/results/allocation/runs.tar.gz"
+    assert not unresolved(f"`addition/b10000/uniform/seed0/metrics.jsonl` in `{archive}`, `bench/results/allocation/`")
+    assert unresolved(f"`addition/b10000/uniform/seed9/metrics.jsonl` in `{archive}`") == [
+        f"addition/b10000/uniform/seed9/metrics.jsonl in {archive}"]
+    assert unresolved("`bench/results/allocation/addition/b10000/uniform/seed0/metrics.jsonl`") == [
+        "bench/results/allocation/addition/b10000/uniform/seed0/metrics.jsonl"]  # in the archive, not the tree
