@@ -193,6 +193,31 @@ class BudgetSentencesConfig(Section):
         return self
 
 
+class EffortSentencesConfig(Section):
+    """e1's effort subgroups (shaping/e1.py): each subgroup's answers begin with its effort sentence."""
+
+    efforts: list[float] = Field([0.25, 0.5, 0.75, 1.0], min_length=1, max_length=64)  # r, each in (0, 1]
+    template: str = "Effort: {r}. "
+
+    @model_validator(mode="after")
+    def _parser_reads_it(self) -> EffortSentencesConfig:
+        # the e1 reward reads the effort back from the text: a sentence it cannot read scores as "no effort"
+        from adarl.shaping.e1 import EFFORT_PATTERN, parse_effort
+
+        for r in self.efforts:
+            if not 0.0 < r <= 1.0:
+                raise ValueError(f"effort_sentences.efforts holds {r}: each effort is a share in (0, 1]")
+            try:
+                sentence = self.template.format(r=r)
+            except (KeyError, IndexError, ValueError) as e:
+                raise ValueError(f"effort_sentences.template {self.template!r} must hold only {{r}} ({e})") from None
+            if parse_effort(sentence) != r:
+                raise ValueError(f"effort_sentences.template {self.template!r} states effort {r} in a sentence "
+                                 f"shaping/e1.py cannot read (it reads {EFFORT_PATTERN.pattern!r}); use the "
+                                 "default 'Effort: {r}. '")
+        return self
+
+
 class RolloutConfig(Section):
     # auto: vllm when it is installed and the recipe needs nothing only hf has, else hf;
     # resolved when the recipe loads, so config.yaml (and a resume) names the one used. Or an engine of
@@ -218,6 +243,7 @@ class RolloutConfig(Section):
     agent: AgentConfig | None = None  # tool-using trajectories; None: single-turn completions
     branching: BranchingConfig | None = None  # tree-shaped groups sharing prefixes; None: independent samples
     budget_sentences: BudgetSentencesConfig | None = None  # HBPO: each budget subgroup told its budget
+    effort_sentences: EffortSentencesConfig | None = None  # e1: each effort subgroup told its effort
 
     def needs(self) -> dict[str, str]:
         """The generator capabilities this section asks for (rollout/engines.py), by recipe key."""
@@ -262,6 +288,10 @@ class RolloutConfig(Section):
         if self.budget_sentences is not None and (self.scheduler.mode != "sync" or self.agent is not None
                                                   or self.branching is not None):
             raise ValueError("rollout.budget_sentences needs rollout.scheduler.mode: sync, and no agent or branching")
+        if self.effort_sentences is not None and (self.scheduler.mode != "sync" or self.agent is not None
+                                                  or self.branching is not None or self.budget_sentences is not None):
+            raise ValueError("rollout.effort_sentences needs rollout.scheduler.mode: sync, and no agent, branching "
+                             "or budget_sentences")
         if self.agent is not None and self.scheduler.mode != "sync" and (self.agent.branching or self.agent.purify):
             raise ValueError(f"rollout.agent.{'branching' if self.agent.branching else 'purify'} needs "
                              f"rollout.scheduler.mode: sync (a tree, or a purified trajectory, is built within one "

@@ -29,6 +29,11 @@ def build_generator(model: Any, tokenizer: Any, cfg: RolloutConfig, seed: int = 
         from adarl.rollout.hbpo import BudgetSentences
 
         return BudgetSentences(generator, cfg.budget_sentences.budgets, cfg.budget_sentences.template)
+    if cfg.effort_sentences is not None:  # e1: the same subgroups, each told its effort
+        from adarl.rollout.hbpo import BudgetSentences
+
+        e = cfg.effort_sentences
+        return BudgetSentences(generator, e.efforts, e.template.replace("{r}", "{b}"))
     if cfg.agent is None:
         return generator
     from adarl.rollout.agent import AgentGenerator

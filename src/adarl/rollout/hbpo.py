@@ -26,7 +26,7 @@ TEMPLATE = "I will answer the question within {b} tokens. "
 
 
 class BudgetSentences(Wrapper):
-    def __init__(self, generator: Any, budgets: Sequence[int] = (512, 1024, 2048, 2560),
+    def __init__(self, generator: Any, budgets: Sequence[float] = (512, 1024, 2048, 2560),
                  template: str = TEMPLATE) -> None:
         self.generator, self.budgets, self.template = generator, list(budgets), template
         self.sentences = [list(generator.tokenizer.encode(template.format(b=b), add_special_tokens=False))
