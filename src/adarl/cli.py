@@ -6,13 +6,36 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
+import click
 import typer
+from typer.core import TyperCommand, TyperGroup
 
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+
+
+class _BareFlags:
+    """`--help` without a type after on/off flags (typer 0.29 prints `<bool>` beside each, `--help` too)."""
+
+    def get_params(self, ctx: click.Context) -> list[click.Parameter]:
+        params = super().get_params(ctx)  # type: ignore[misc]
+        for param in params:
+            if getattr(param, "is_flag", False):
+                param.metavar = ""
+        return params
+
+
+class _Command(_BareFlags, TyperCommand):
+    pass
+
+
+class _Group(_BareFlags, TyperGroup):
+    pass
+
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, cls=_Group,
                   help="adarl: adaptive, budgeted RL post-training for language models.")
 
 
@@ -72,7 +95,7 @@ def _run(loaded, target: Path, resume: bool) -> dict:
         _fail(str(err))
 
 
-@app.command()
+@app.command(cls=_Command)
 def train(
     recipe: Annotated[str | None, typer.Argument(help="recipe YAML file, or a built-in recipe's name")] = None,
     overrides: Annotated[list[str] | None, typer.Argument(help="dotted.key=value overrides")] = None,
@@ -164,7 +187,7 @@ def train(
         typer.secho(f"health: {flag}", fg=typer.colors.YELLOW)
 
 
-@app.command()
+@app.command(cls=_Command)
 def sft(
     recipe: Annotated[str, typer.Argument(help="recipe YAML file (model, task, train, budget.max_steps)")],
     overrides: Annotated[list[str] | None, typer.Argument(help="dotted.key=value overrides")] = None,
@@ -236,7 +259,7 @@ REPORT_HELP = (
 )
 
 
-@app.command("eval", help=EVAL_HELP)
+@app.command("eval", help=EVAL_HELP, cls=_Command)
 def eval_(
     model_or_run: Annotated[str, typer.Argument(
         help="a model (alias such as smollm2-135m, HF folder, .gguf file), a run directory (its final/ "
@@ -305,7 +328,7 @@ def eval_(
         typer.echo(f"wrote {path}")
 
 
-@app.command(help=COMPARE_HELP)
+@app.command(help=COMPARE_HELP, cls=_Command)
 def compare(
     recipes: Annotated[list[Path], typer.Argument(help="recipe YAML files; the first is the baseline")],
     budget_tokens: Annotated[int, typer.Option("--budget-tokens", min=1, max=10**15,
@@ -379,7 +402,7 @@ def compare(
         raise typer.Exit(code=1)
 
 
-@app.command()
+@app.command(cls=_Command)
 def schema(
     stage: Annotated[str | None, typer.Argument(help="only this stage's components (e.g. allocate)")] = None,
 ) -> None:
@@ -388,16 +411,18 @@ def schema(
 
     from adarl import registry
     from adarl.config import recipe_schema
+    from adarl.config.loader import did_you_mean
 
     out = recipe_schema()
     if stage is not None:
         if stage not in registry.STAGES:
-            _fail(f"unknown stage {stage!r}; stages: {', '.join(registry.STAGES)}")
+            _fail(f"unknown stage {stage!r}{did_you_mean(stage, list(registry.STAGES))} (stages: "
+                  f"{', '.join(registry.STAGES)})")
         out = out["components"][stage]
     typer.echo(json.dumps(out, indent=1))
 
 
-@app.command(help=REPORT_HELP)
+@app.command(help=REPORT_HELP, cls=_Command)
 def report(
     run_or_comparison: Annotated[Path, typer.Argument(help="a run directory or an `adarl compare` directory")],
 ) -> None:

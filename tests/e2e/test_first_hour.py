@@ -159,3 +159,33 @@ def test_groups_of_one_are_flagged_unless_only_the_last_step_has_them():
     assert flag.step == 2 and "2 of 4 steps" in str(flag)
     assert check(rows([8, 8, 1], [8, 8, 1])) == []  # only the last step
     assert check(rows([1, 1, 1], [1, 1, 1])) == []  # a recipe that plans groups of one
+
+
+# ---------------------------------------------------------------- small things
+
+
+def test_did_you_mean_for_a_recipe_name_and_a_schema_stage():
+    said = CliRunner().invoke(app, ["train", "quikstart"], env={"COLUMNS": "2000"})
+    assert said.exit_code == 2 and "recipe file not found: quikstart; did you mean 'quickstart'?" in said.output
+    said = CliRunner().invoke(app, ["schema", "alocate"], env={"COLUMNS": "2000"})
+    assert said.exit_code == 2 and "unknown stage 'alocate'; did you mean 'allocate'?" in said.output
+    said = CliRunner().invoke(app, ["schema", "zzz"], env={"COLUMNS": "2000"})
+    assert said.exit_code == 2 and "did you mean" not in said.output and "stages: select" in said.output
+
+
+@pytest.mark.parametrize("command", [[], ["train"], ["compare"], ["eval"], ["sft"], ["report"], ["schema"]])
+def test_help_shows_no_type_after_flags(command):
+    said = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "100"})
+    assert said.exit_code == 0 and "--help" in said.output
+    assert "<bool>" not in said.output and "bool" not in said.output.lower().replace("boolean", ""), said.output
+
+
+def test_schema_describes_components_and_fields_from_the_code():
+    said = CliRunner().invoke(app, ["schema"])
+    schema = json.loads(said.output)
+    # a component without a docstring: its module's first line; with one: its own
+    assert schema["components"]["allocate"]["fixed"]["description"].startswith("Fixed n: every selected prompt")
+    assert schema["components"]["allocate"]["dars"]["description"].startswith("DARS: Difficulty-Adaptive")
+    vllm = schema["recipe"]["$defs"]["VllmConfig"]["properties"]
+    assert vllm["kv_cache_gib"]["description"].startswith("CPU build: KV cache, GiB")  # the field's comment
+    assert "description" not in vllm["dtype"]  # a comment on the line above is not the field's

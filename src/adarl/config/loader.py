@@ -41,11 +41,14 @@ def _valid_keys(model: type[BaseModel] | None, loc: tuple[Any, ...]) -> list[str
     return list(model.model_fields) if model is not None else []
 
 
+def did_you_mean(name: str, choices: Sequence[str], cutoff: float = 0.4) -> str:
+    """`; did you mean 'x'?` for the choice closest to a mistyped `name`, or "" when none is close."""
+    match = difflib.get_close_matches(name, list(choices), n=1, cutoff=cutoff) if len(name) <= 200 else []
+    return f"; did you mean '{match[0]}'?" if match else ""
+
+
 def _closest(key: str, valid: list[str]) -> str:
-    match = difflib.get_close_matches(key, valid, n=1, cutoff=0.4) if len(key) <= 200 else []
-    if match:
-        return f"; did you mean '{match[0]}'?"
-    return f"; valid keys: {', '.join(valid)}" if valid else ""
+    return did_you_mean(key, valid) or (f"; valid keys: {', '.join(valid)}" if valid else "")
 
 
 def _format(err: ValidationError, prefix: tuple[Any, ...] = (), valid: list[str] | None = None) -> list[str]:
@@ -209,9 +212,8 @@ def _check_component(stage: str, where: str, spec: dict[str, Any]) -> list[str]:
         except KeyError as err:
             return [f"'{where}.name': cannot load {stage} class {_clip(str(err.args[0]), 200)}"]
     elif name not in choices:
-        hint = difflib.get_close_matches(name, choices, n=1, cutoff=0.3)
-        more = f"; did you mean '{hint[0]}'?" if hint else ""
-        return [f"'{where}.name': unknown {stage} method '{name}'{more} (choices: {', '.join(choices)})"]
+        return [f"'{where}.name': unknown {stage} method '{name}'{did_you_mean(name, choices, 0.3)} "
+                f"(choices: {', '.join(choices)})"]
     cls = registry.component_class(stage, name)
     annotations = {k: f.annotation for k, f in getattr(cls, "__pydantic_fields__", {}).items()}
     if bad := bool_counts(annotations, spec):
@@ -308,7 +310,8 @@ def load_recipe(path: str | Path | None = None, overrides: Sequence[str] | dict[
             raise RecipeError(f"{path}: not a regular file, so it is not read (a recipe is a YAML file)")
         if not p.is_file():
             raise RecipeError(f"recipe file not found: {path}" + (
-                f" (built-in recipes: {', '.join(builtin_recipes())})" if "/" not in str(path) else ""))
+                f"{did_you_mean(str(path).removesuffix('.yaml'), builtin_recipes())} (built-in recipes: "
+                f"{', '.join(builtin_recipes())})" if "/" not in str(path) else ""))
         data = _read_yaml(p, str(path)) or {}
     if not isinstance(data, dict):
         raise RecipeError(f"{path}: a recipe is a mapping of sections, got {type(data).__name__}")
@@ -349,13 +352,57 @@ def recipe_schema() -> dict[str, Any]:
 
     A stage section (`select`, `allocate`, `advantage`, `loss`, and each item of `shaping` and
     `tokens`) is `{name: <component>, <that component's options>}`: `components.<stage>.<name>`
-    lists those options with their types, ranges and defaults.
+    lists those options with their types, ranges and defaults. Descriptions come from the code: a
+    class's docstring (a component without one: its module's first line) and the comment beside each field.
     """
     from pydantic import TypeAdapter
 
-    components = {stage: {name: TypeAdapter(registry.component_class(stage, name)).json_schema()
+    components = {stage: {name: _described(TypeAdapter(cls := registry.component_class(stage, name)).json_schema(),
+                                           cls)
                           for name in registry.names(stage)} for stage in registry.STAGES}
-    return {"recipe": Recipe.model_json_schema(), "components": components}
+    recipe = Recipe.model_json_schema()
+    sections = {c.__name__: c for c in _models(Recipe)}
+    for name, schema in recipe.get("$defs", {}).items():
+        if name in sections:
+            _described(schema, sections[name])
+    return {"recipe": _described(recipe, Recipe), "components": components}
+
+
+def _models(model: type[BaseModel], seen: set | None = None) -> set[type[BaseModel]]:
+    """The section classes reachable from `model`'s fields."""
+    seen = set() if seen is None else seen
+    for field in model.model_fields.values():
+        for arg in [field.annotation, *_type_args(field.annotation)]:
+            if isinstance(arg, type) and issubclass(arg, BaseModel) and arg not in seen:
+                seen.add(arg)
+                _models(arg, seen)
+    return seen
+
+
+def _type_args(annotation: Any) -> list[Any]:
+    args = list(getattr(annotation, "__args__", ()))
+    return args + [a for arg in args for a in _type_args(arg)]
+
+
+def _described(schema: dict[str, Any], cls: type) -> dict[str, Any]:
+    """`schema` with the descriptions the code gives: the class's (or its module's) docstring, each field's comment."""
+    import inspect
+    import sys
+
+    doc = cls.__doc__ or ""
+    if not doc or doc.startswith(f"{cls.__name__}("):  # a dataclass's generated signature is no description
+        doc = (sys.modules[cls.__module__].__doc__ or "").strip().split("\n\n")[0]
+    if doc and "description" not in schema:
+        schema["description"] = " ".join(inspect.cleandoc(doc).split())
+    try:
+        source = inspect.getsource(cls)
+    except (OSError, TypeError):
+        return schema
+    comments = dict(re.findall(r"^ {4}(\w+)\s*:[^#\n]*#\s*(.+)$", source, flags=re.MULTILINE))
+    for name, prop in schema.get("properties", {}).items():
+        if name in comments and "description" not in prop:
+            prop["description"] = comments[name].strip()
+    return schema
 
 
 def dump_recipe(recipe: Recipe) -> str:
