@@ -124,3 +124,56 @@ def test_registered_and_validated() -> None:
     x.beh_logp = None
     with pytest.raises(ValueError, match="behaviour log-probs"):
         DecoupledPpo()(x)
+
+
+# AReaL's rejection at the sequence level and by KL (§3.2), ℓ_prox = 0 and w = exp(−ℓ_beh) again:
+#   row A  w = [2, 0.5, 4]   log w = [0.6931, −0.6931, 1.3863]
+#          sum 1.3863 → W = 4;  mean 0.4621 → Ŵ = 4^{1/3} = 1.5874011;  max → 4
+#   row B  w = [8, 8, 1]     sum → 64;  mean → Ŵ = 64^{1/3} = 4;  max → 8
+# per-token KL of π_prox against π_beh, d = ℓ_prox − ℓ_beh = log w:
+#   k1 = d           A: [0.6931, −0.6931, 1.3863]
+#   k2 = d²/2        A: [0.2402, 0.2402, 0.9609]
+#   k3 = e^{−d} + d − 1 = 1/w + log w − 1      A: [0.1931, 0.3069, 0.6363]   (mean 0.3788)
+#                                              B: [1.2044, 1.2044, 0]        (mean 0.8030)
+ROWS = [[2.0, 0.5, 4.0], [8.0, 8.0, 1.0]]
+ROOT3_4 = 4.0 ** (1 / 3)
+
+
+def weights_of(loss_fn: DecoupledPpo) -> list[list[float]]:
+    """The behaviour weight of each token: with log u = 0 and A = −1 the PPO term is exactly 1, so L = weight."""
+    logp = torch.zeros(2, 3, dtype=torch.float64, requires_grad=True)
+    x = LossInputs(logp=logp, old_logp=torch.zeros(2, 3, dtype=torch.float64),
+                   adv=-torch.ones(2, 3, dtype=torch.float64), mask=torch.ones(2, 3, dtype=torch.float64),
+                   beh_logp=-torch.log(torch.tensor(ROWS, dtype=torch.float64)))
+    loss, _ = loss_fn(x)
+    return loss.detach().tolist()
+
+
+@pytest.mark.parametrize(("spec", "expected"), [
+    # sequence, ratio, mean: Ŵ_A = 1.587 ≤ 5 kept, Ŵ_B = 4 ≤ 5 kept; every token weighs its row's Ŵ
+    ({"level": "sequence", "sequence_agg": "mean"}, [[ROOT3_4] * 3, [4.0] * 3]),
+    # sequence, ratio, sum: W_A = 4 kept (weight Ŵ_A), W_B = 64 > 5 drops B whole
+    ({"level": "sequence", "sequence_agg": "sum"}, [[ROOT3_4] * 3, [0.0] * 3]),
+    # sequence, ratio, max: A's max 4 kept, B's 8 > 5 dropped
+    ({"level": "sequence", "sequence_agg": "max"}, [[ROOT3_4] * 3, [0.0] * 3]),
+    # sequence, ratio, clamp: B (sum 64 outside) has its weight Ŵ_B = 4 clamped into [0.5, 3]
+    ({"level": "sequence", "sequence_agg": "sum", "is_mode": "clamp", "w_min": 0.5, "w_max": 3.0},
+     [[ROOT3_4] * 3, [3.0] * 3]),
+    # token, k1 ∈ [−0.5, 1.5]: A's −0.693 out; B's log 8 = 2.079 out twice, log 1 = 0 in
+    ({"metric": "kl_k1", "w_min": -0.5, "w_max": 1.5}, [[2.0, 0.0, 4.0], [0.0, 0.0, 1.0]]),
+    # token, k2 ≤ 0.5: A's 0.961 out; B's (log 8)²/2 = 2.16 out
+    ({"metric": "kl_k2", "w_max": 0.5}, [[2.0, 0.5, 0.0], [0.0, 0.0, 1.0]]),
+    # token, k3 ≤ 0.3: A's 0.307 and 0.636 out; B's 1.204 out twice, 0 in
+    ({"metric": "kl_k3", "w_max": 0.3}, [[2.0, 0.0, 0.0], [0.0, 0.0, 1.0]]),
+    # sequence, k3, mean ≤ 0.5: A's 0.379 in (its tokens keep their own w), B's 0.803 out
+    ({"metric": "kl_k3", "level": "sequence", "w_max": 0.5}, [[2.0, 0.5, 4.0], [0.0] * 3]),
+])
+def test_sequence_level_and_kl_rejection_by_hand(spec: dict, expected: list[list[float]]) -> None:
+    got = weights_of(DecoupledPpo(**spec))
+    assert got[0] == pytest.approx(expected[0], abs=1e-6) and got[1] == pytest.approx(expected[1], abs=1e-6)
+
+
+def test_clamp_needs_the_ratio_metric_and_the_correction_stays_off() -> None:
+    with pytest.raises(pydantic.ValidationError, match="is_mode clamp clamps the ratio"):
+        DecoupledPpo(is_mode="clamp", metric="kl_k3")
+    assert DecoupledPpo.weighs_behaviour and not PpoClip.weighs_behaviour

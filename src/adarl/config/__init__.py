@@ -67,11 +67,13 @@ from adarl.config.task import (  # noqa: F401
     TaskConfig,
 )
 from adarl.config.train import (  # noqa: F401
+    MISMATCH_BANDS,
     TRACKERS,
     BudgetConfig,
     CheckpointConfig,
     DistillConfig,
     EvalConfig,
     LogConfig,
+    MismatchConfig,
     TrainConfig,
 )

@@ -171,6 +171,19 @@ def _check_entropy_source(recipe: Recipe, backend: str | None = None) -> list[st
             if getattr(registry.build(where.split(".")[0], dict(spec)), "needs_entropy", False)]
 
 
+def _check_mismatch(recipe: Recipe) -> list[str]:
+    """`train.mismatch.correct: true` with a loss that already weighs each token by π_old/π_beh would weigh twice."""
+    name = recipe.loss.get("name")
+    if recipe.train.mismatch.correct is not True or not isinstance(name, str):
+        return []
+    try:
+        weighs = registry.component_class("loss", name).weighs_behaviour
+    except (KeyError, AttributeError):  # reported by _check_components
+        return []
+    return [f"'train.mismatch.correct': loss {name} already weighs each token by π_old/π_beh (its own is_mode, "
+            "w_min, w_max and level set that weight): remove train.mismatch.correct"] if weighs else []
+
+
 #: set to `hf` to keep `rollout.backend: auto` on the hf decoder where vLLM is installed (the test suite does)
 AUTO_BACKEND_ENV = "ADARL_AUTO_BACKEND"
 
@@ -341,7 +354,7 @@ def load_recipe(path: str | Path | None = None, overrides: Sequence[str] | dict[
         raise RecipeError("\n".join(_format(err))) from None
     except RecursionError:
         raise RecipeError(f"{path or 'recipe'}: nested deeper than {MAX_RECIPE_DEPTH} levels") from None
-    problems = _check_components(recipe) + _check_entropy_source(recipe)
+    problems = _check_components(recipe) + _check_entropy_source(recipe) + _check_mismatch(recipe)
     if problems:
         raise RecipeError("\n".join(problems))
     return recipe

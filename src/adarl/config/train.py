@@ -19,6 +19,42 @@ class BudgetConfig(Section):
     rollouts_per_step: int | None = Field(None, gt=0)  # nor more rollouts than this
 
 
+#: each mismatch rule's band [low, high] when the recipe leaves it out (loss/mismatch.py; algorithms.md §3.6)
+MISMATCH_BANDS: dict[str, tuple[float, float]] = {
+    "token_truncate": (0.0, 3.0),  # TRL: vllm_importance_sampling_clip_max 3.0, no clip_min
+    "sequence_truncate": (0.0, 3.0),  # TRL
+    "token_mask": (0.5, 5.0),  # IcePop as NeMo-RL's ProRLv2 guide sets it
+    "sequence_mask": (0.0, 3.0),  # TRL's default mode and cap
+    "geometric_mask": (0.999, 1.001),  # verl's geo presets (seq_mean_k1 "0.999_1.001")
+}
+
+
+class MismatchConfig(Section):
+    """Train–inference mismatch correction (loss/mismatch.py, algorithms.md §3.6): each token's clipped loss
+    is weighted by ω, from w = π_old/π_beh (the learner's recomputed old policy over the sampler's)."""
+
+    # None: on where the sampler is not the learner's own forward (vLLM, Ray workers, an engine by import
+    # path), off for the hf decoder sampling with the learner's module and with a loss that already weighs by
+    # π_old/π_beh (decoupled_ppo); resolved when the run starts, so config.yaml names the choice made
+    correct: bool | None = None
+    mode: Literal["token_truncate", "sequence_truncate", "token_mask", "sequence_mask", "geometric_mask"] = \
+        "sequence_mask"
+    low: float | None = Field(None, ge=0.0)  # the band's lower end; None: the mode's (MISMATCH_BANDS)
+    high: float | None = Field(None, gt=0.0)  # its upper end
+
+    @model_validator(mode="after")
+    def _band(self) -> MismatchConfig:
+        low, high = MISMATCH_BANDS[self.mode]
+        if self.low is None:
+            self.low = low
+        if self.high is None:
+            self.high = high
+        if self.low >= self.high:
+            raise ValueError(f"low {self.low} must be below high {self.high} "
+                             f"(the {self.mode} band; default [{low}, {high}])")
+        return self
+
+
 class TrainConfig(Section):
     lr: float = Field(1e-6, gt=0, le=10.0)
     weight_decay: float = Field(0.0, ge=0, le=10.0)
@@ -54,6 +90,7 @@ class TrainConfig(Section):
             raise ValueError(f"Adam's betas must each be in [0, 1), got {list(betas)}")
         return betas
     gradient_checkpointing: bool = False
+    mismatch: MismatchConfig = MismatchConfig()  # correcting the sampler/learner mismatch (loss/mismatch.py)
 
 
 class EvalConfig(Section):

@@ -3,9 +3,10 @@
 Every loss is a `PolicyLoss`: it writes its surrogate (`surrogate`), and the shared terms are
 added here, once, for all of them:
 
-    L_{i,t} = surrogate_{i,t} + β · KL_{i,t}(θ ‖ ref) − c_H · H_{i,t}(θ)
+    L_{i,t} = ω_{i,t} · surrogate_{i,t} + β · KL_{i,t}(θ ‖ ref) − c_H · H_{i,t}(θ)
 
-with the KL estimator chosen by `kl` (k1, k2, k3; loss/kl.py) and an entropy bonus c_H on the
+with ω the sampler/learner mismatch correction's weight where the learner gives one (loss/mismatch.py;
+1 otherwise), the KL estimator chosen by `kl` (k1, k2, k3; loss/kl.py) and an entropy bonus c_H on the
 differentiable entropy of the current forward. The trainer aggregates the per-token loss over
 the mini-batch with `agg` (loss/aggregate.py).
 """
@@ -40,6 +41,7 @@ class LossInputs:
     teacher_logp: torch.Tensor | None = None  # ℓ_T: a distillation teacher's log-probs (train/teacher.py)
     teacher_top: torch.Tensor | None = None  # (B, T, k) the teacher's top-k log-probs
     student_top: torch.Tensor | None = None  # (B, T, k) ℓ_θ of those k tokens, differentiable
+    correction: torch.Tensor | None = None  # ω: the mismatch correction's weight (loss/mismatch.py), detached
 
 
 @component(config=STRICT)
@@ -54,6 +56,8 @@ class PolicyLoss:
     needs_entropy: ClassVar[bool] = False  # entropy and entropy_norm
     needs_behaviour: ClassVar[bool] = False  # beh_logp
     needs_prepare: ClassVar[bool] = False  # the trainer calls `prepare` once per mini-batch
+    # the surrogate already weighs each token by π_old/π_beh (decoupled_ppo): no mismatch correction on top
+    weighs_behaviour: ClassVar[bool] = False
 
     def prepare(self, parts: list[LossInputs]) -> None:
         """Called once per mini-batch before its micro-batches, with every micro-batch's inputs
@@ -84,6 +88,8 @@ class PolicyLoss:
 
     def __call__(self, x: LossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         loss, stats = self.surrogate(x)
+        if x.correction is not None:
+            loss = x.correction * loss
         if self.kl_coef > 0:
             if x.ref_logp is None:
                 raise ValueError("kl_coef > 0 but no reference log-probs were given")

@@ -85,6 +85,17 @@ def build_peers(recipe: Recipe, tokenizer: Any) -> Any:
                  max_completion_tokens=context, seed=recipe.seed)
 
 
+def corrects_mismatch(recipe: Recipe, loss: Any) -> bool:
+    """The default of `train.mismatch.correct` (loss/mismatch.py), decided here alone: on unless the sampler
+    is the learner's own forward (the hf decoder with the learner's module, in this process: the table of
+    engines says which, rollout/engines.py) or the loss already weighs each token by π_old/π_beh
+    (`weighs_behaviour`: decoupled_ppo). vLLM, Ray workers and an engine named by import path are corrected."""
+    from adarl.rollout.engines import samples_with_learner_forward
+
+    own_forward = samples_with_learner_forward(resolve_backend(recipe), recipe.cluster.backend)
+    return not own_forward and not loss.weighs_behaviour
+
+
 def build_learner(recipe: Recipe, model: torch.nn.Module, loss: Any, pad_id: int, rng: np.random.Generator,
                   tokenizer: Any = None) -> Learner:
     """The recipe's learner of `model`, with the reference model, entropy statistics and teacher its loss
@@ -95,6 +106,8 @@ def build_learner(recipe: Recipe, model: torch.nn.Module, loss: Any, pad_id: int
     if loss.needs_entropy or recipe.rollout.adaptive_temperature is not None:
         entropy = EntropyObserver((recipe.rollout.adaptive_temperature or AdaptiveTemperature()).pivot)
     reference = load_reference(recipe.model) if loss.kl_coef > 0 and recipe.model.lora is None else None
+    if recipe.train.mismatch.correct is None:  # written back: config.yaml names the choice made
+        recipe.train.mismatch.correct = corrects_mismatch(recipe, loss)
     teacher = None if recipe.distill is None or tokenizer is None else Teacher(
         recipe.distill, model, tokenizer, recipe.rollout.temperature, recipe.train.logit_chunk)
     kw: dict[str, Any] = {}

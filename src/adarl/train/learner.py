@@ -25,6 +25,7 @@ import torch
 from adarl.config import TrainConfig
 from adarl.loss.aggregate import sequence_weights
 from adarl.loss.base import LossInputs, PolicyLoss
+from adarl.loss.mismatch import correction, ratio_quantiles
 from adarl.rollout.base import Weights
 from adarl.tokens.base import batch_entropies
 from adarl.tokens.entropy import EntropyObserver
@@ -80,6 +81,7 @@ class StepData:
     sums: dict[str, float] = field(default_factory=lambda: {"tokens_trained": 0.0})  # token-summed metrics
     teacher_rows: list[tuple[list[int], list[int]]] = field(default_factory=list)  # (teacher prompt, completion)
     distilled: list[bool] = field(default_factory=list)  # per rollout: under the distillation length guard
+    log_ratios: dict[int, np.ndarray] = field(default_factory=dict)  # log π_old/π_beh of each trained token
 
 
 class Learner:
@@ -194,6 +196,7 @@ class Learner:
         sums = self._total(data.sums)
         n_tok = max(sums.pop("tokens_trained"), 1.0)
         out = {k: v / n_tok for k, v in sums.items()}
+        out.update(ratio_quantiles(self._gather(np.concatenate([np.zeros(0), *data.log_ratios.values()]))))
         out["grad_norm"] = float(np.mean(grad_norms))
         out["trained_fraction"] = len(active) / len(rollouts)
         if self.entropy is not None and self.entropy.stats is not None and self.loss.needs_entropy:
@@ -278,7 +281,16 @@ class Learner:
         x, ent = self._loss_inputs(data, micro)
         logp, mask, sums = x.logp, x.mask, data.sums
         w = torch.tensor([seq_weight[i] for i in micro], dtype=torch.float32, device=self.device)[:, None]
+        beh = x.beh_logp if x.beh_logp is not None else self._padded([data.rollouts[i].logprobs for i in micro], logp)
+        log_w = (x.old_logp - beh).detach()  # log π_old/π_sampler: the mismatch the correction weighs by
+        for j, i in enumerate(micro):
+            data.log_ratios[i] = log_w[j][mask[j] > 0].cpu().numpy()
+        corrected = {}
+        if self.cfg.mismatch.correct:  # resolved by build_learner; None (a Learner built by hand) is off
+            m = self.cfg.mismatch
+            x.correction, corrected = correction(x.old_logp, beh, mask, m.mode, m.low, m.high)
         per_token, stats = self.loss(x)
+        stats = {**stats, **corrected}
         if self.teacher is not None:
             per_token, extra = self.teacher.combine(x, per_token, [data.distilled[i] for i in micro])
             stats = {**stats, **extra}
@@ -289,7 +301,6 @@ class Learner:
         sums["entropy"] = sums.get("entropy", 0.0) + float((ent * mask).sum())
         # |ℓ_behaviour − ℓ_θ| per token: the sampler/trainer mismatch (hf ≈ 0; vllm: its kernels),
         # plus the policy's own move when a step makes several updates
-        beh = x.beh_logp if x.beh_logp is not None else self._padded([data.rollouts[i].logprobs for i in micro], logp)
         r = torch.where(mask > 0, logp.detach() - beh, 0.0)  # log π_θ/π_sampler on the trained tokens
         sums["behaviour_logp_gap"] = sums.get("behaviour_logp_gap", 0.0) + float((r.abs() * mask).sum())
         # KL(π_sampler ‖ π_θ) by Schulman's k3 over tokens drawn from the sampler: e^r − 1 − r ≥ 0
@@ -334,6 +345,10 @@ class Learner:
     def _total(self, sums: dict[str, float]) -> dict[str, float]:
         """The step's token-summed metrics (a rank's are summed over ranks)."""
         return sums
+
+    def _gather(self, values: np.ndarray) -> np.ndarray:
+        """The step's per-token values of every process (a rank's joined with the other ranks')."""
+        return values
 
     def weights(self) -> Weights:
         """The trained weights, published to the generators (rollout/base.py: `load_weights`). In one

@@ -362,6 +362,11 @@ class ShardedLearner(Learner):
         dist.all_gather_object(gathered, sums)
         return {k: sum(part.get(k, 0.0) for part in gathered) for k in dict.fromkeys(k for p in gathered for k in p)}
 
+    def _gather(self, values: np.ndarray) -> np.ndarray:
+        gathered: list[Any] = [None] * self.world
+        dist.all_gather_object(gathered, values)
+        return np.concatenate(gathered)
+
 
 def _learner_state(state: dict[str, Any]) -> dict[str, Any]:
     """The learner's part of a checkpoint's trainer state (what every rank loads; the rest stays on rank 0)."""
