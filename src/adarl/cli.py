@@ -6,11 +6,11 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
-import click
 import typer
 from typer.core import TyperCommand, TyperGroup
 
 if TYPE_CHECKING:
+    import click
     from rich.console import Console
     from rich.table import Table
 
