@@ -77,6 +77,8 @@ WALK = {
     "adhint_advantage": dict(advantage={"name": "adhint"}, hints={"name": "adhint", "source": "answer"}),
     # the logistic fit (coefficients and covariance) crosses checkpoints; the run totals with the rows
     "feature_prior+dars": dict(select={"name": "feature_prior"}, allocate={"name": "dars", "n": 4, "n_max": 8}),
+    # issue 54: per-prompt records (knapsack)
+    "knapsack": dict(allocate={"name": "knapsack", "n": 4, "min_buffer_length": 2}),
     # contains_a: some groups are solved (the exemplar pool fills), others all fail (they are seeded)
     "xrpo_seeding": dict(rewards=[{"type": "callable", "function": "e2e_rewards:contains_a"}],
                          hints={"name": "xrpo", "k": 1}),

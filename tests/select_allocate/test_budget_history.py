@@ -1,0 +1,49 @@
+"""The step's rollout bound, whatever history the allocator itself built over earlier steps (a property test
+beside test_allocation.py's, for allocators that keep per-prompt records or predict from the store)."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from adarl import registry
+from adarl.budget import Budget
+from adarl.select.store import DifficultyStore
+from adarl.types import Group, Problem, Rollout, merge
+
+
+def group(pid: str, correct: list[int], length: int = 3) -> Group:
+    rollouts = [Rollout(pid, [1] * length, [0.0] * length, "stop", text=f"{pid}{i}") for i in range(len(correct))]
+    c = np.array(correct, dtype=float)
+    return Group(Problem(pid, "q"), [0], rollouts, rewards=c[:, None], reward_names=("acc",), correct=c)
+
+
+ALLOCATORS = [{"name": "knapsack", "n": 4, "min_buffer_length": 2, "max_n": 16},
+              {"name": "knapsack", "n": 8, "robust": True, "cost_estimation": "expectation"}]
+
+
+@settings(max_examples=25, deadline=None, database=None)
+@given(spec=st.sampled_from(ALLOCATORS), limit=st.integers(1, 200), k=st.integers(1, 8), seed=st.integers(0, 10_000))
+def test_allocators_with_a_history_never_exceed_the_step_rollouts(spec, limit, k, seed):
+    rng = np.random.default_rng(seed)
+    ids = [f"p{i}" for i in range(40)]
+    store = DifficultyStore(ids, problems=[Problem(q, f"what is {i} plus {i % 7}") for i, q in enumerate(ids)])
+    allocator = registry.build("allocate", spec)
+    for step in range(1, 4):  # a random history, through the allocator as the trainer runs it
+        budget = Budget(rollouts_per_step=limit, expected_length=8)
+        budget.start_step()
+        chosen = [Problem(q, "x") for q in rng.choice(ids, size=allocator.candidates(k), replace=False)]
+        counts = allocator.plan(chosen, store, budget)
+        groups: dict[str, Group] = {}
+        while counts:
+            assert all(n > 0 for n in counts.values())
+            fresh = [group(q, rng.integers(0, 2, size=n).tolist(), length=int(rng.integers(1, 16)))
+                     for q, n in counts.items()]
+            budget.spend([r for g in fresh for r in g.rollouts])
+            assert budget.step_rollouts <= limit
+            store.update(fresh, step)
+            merge(groups, fresh)
+            counts = allocator.more(list(groups.values()), store, budget)
+        assert budget.step_rollouts <= limit
+        assert all(g.size for g in allocator.finish(list(groups.values())))
