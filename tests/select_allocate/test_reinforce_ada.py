@@ -1,0 +1,56 @@
+"""Reinforce-Ada (algorithms.md §2.9) by hand: an elimination sequence over rounds, the kept group."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from adarl import registry
+from adarl.budget import Budget
+from adarl.select.store import DifficultyStore
+from adarl.types import Group, Problem, Rollout, merge
+
+
+def group(pid: str, correct: list[int], length: int = 3) -> Group:
+    rollouts = [Rollout(pid, [1] * length, [0.0] * length, "stop", text=f"{pid}{i}") for i in range(len(correct))]
+    c = np.array(correct, dtype=float)
+    return Group(Problem(pid, "q"), [0], rollouts, rewards=c[:, None], reward_names=("acc",), correct=c)
+
+
+def problems(*ids: str) -> list[Problem]:
+    return [Problem(q, q) for q in ids]
+
+
+def test_reinforce_ada_elimination_sequence_by_hand():
+    # K = 4 (2 positive + 2 negative to leave), M = 2 rollouts a round, R = 3 rounds
+    ada = registry.build("allocate", {"name": "reinforce_ada", "n": 4, "round_n": 2, "max_rounds": 3})
+    store, budget = DifficultyStore([]), Budget()
+    assert ada.plan(problems("a", "b", "c"), store, budget) == {"a": 2, "b": 2, "c": 2}
+    groups: dict = {}
+    # round 1: a 1 1 | b 1 0 | c 0 0  → nobody has 2 and 2 yet
+    merge(groups, [group("a", [1, 1]), group("b", [1, 0]), group("c", [0, 0])])
+    assert ada.more(list(groups.values()), store, budget) == {"a": 2, "b": 2, "c": 2}
+    # round 2: a 0 0 → (2 pos, 2 neg): leaves | b 1 1 → (3, 1) stays | c 0 0 → (0, 4) stays
+    merge(groups, [group("a", [0, 0]), group("b", [1, 1]), group("c", [0, 0])])
+    assert ada.more(list(groups.values()), store, budget) == {"b": 2, "c": 2}
+    # round 3: b 0 1 → (4, 2): leaves | c 0 0 → (0, 6): still active, but R = 3 rounds are spent
+    merge(groups, [group("b", [0, 1]), group("c", [0, 0])])
+    assert ada.more(list(groups.values()), store, budget) == {}
+    assert ada.metrics()["total_samples"] == 6 + 6 + 4 and ada.metrics()["prompts_active_after_1st_round"] == 3
+    kept = {g.problem.id: g for g in ada.finish(list(groups.values()))}
+    # a: positives 0, 1 and negatives 2, 3 → all four; b: history 1 0 1 1 0 1 → first 2 positives (0, 2) and
+    # first 2 negatives (1, 4); c: all negative → the first K = 4 negatives (a zero-advantage group)
+    assert [r.text for r in kept["a"].rollouts] == ["a0", "a1", "a0", "a1"]
+    assert kept["b"].correct.tolist() == [1, 0, 1, 0]
+    assert [r.text for r in kept["b"].rollouts] == ["b0", "b1", "b0", "b0"]
+    assert kept["c"].size == 4 and not kept["c"].correct.any()
+
+
+def test_reinforce_ada_positive_focused_and_a_short_side():
+    ada = registry.build("allocate", {"name": "reinforce_ada", "n": 4, "round_n": 4, "max_rounds": 1,
+                                      "choice": "positive_focused"})
+    ada.plan(problems("a"), DifficultyStore([]), Budget())
+    # one positive leaves at once; the split wants 2 positives, there is 1: the negatives top it up to K
+    g = group("a", [0, 0, 1, 0])
+    assert ada.more([g], DifficultyStore([]), Budget()) == {}
+    (kept,) = ada.finish([g])
+    assert kept.correct.tolist() == [0, 0, 1, 0]
