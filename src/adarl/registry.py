@@ -27,7 +27,7 @@ STRICT = ConfigDict(extra="forbid", arbitrary_types_allowed=True, allow_inf_nan=
 _REGISTRY: dict[str, dict[str, type]] = {stage: {} for stage in STAGES}
 _BUILTINS = {
     "select": ["adarl.select.uniform", "adarl.select.vade", "adarl.select.gdro", "adarl.select.curriculum",
-               "adarl.select.feature_prior"],
+               "adarl.select.feature_prior", "adarl.select.greso"],
     "allocate": ["adarl.allocate.fixed", "adarl.allocate.dapo", "adarl.allocate.dars", "adarl.allocate.xrpo",
                  "adarl.allocate.gdro", "adarl.allocate.roc", "adarl.allocate.pilot_commit",
                  "adarl.allocate.knapsack", "adarl.allocate.reinforce_ada"],
