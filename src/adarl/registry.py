@@ -30,7 +30,7 @@ _BUILTINS = {
                "adarl.select.feature_prior", "adarl.select.greso"],
     "allocate": ["adarl.allocate.fixed", "adarl.allocate.dapo", "adarl.allocate.dars", "adarl.allocate.xrpo",
                  "adarl.allocate.gdro", "adarl.allocate.roc", "adarl.allocate.pilot_commit",
-                 "adarl.allocate.knapsack", "adarl.allocate.reinforce_ada"],
+                 "adarl.allocate.knapsack", "adarl.allocate.reinforce_ada", "adarl.allocate.vip"],
     "shaping": ["adarl.shaping.overlong", "adarl.shaping.length_penalty", "adarl.shaping.fapo", "adarl.shaping.hbpo",
                 "adarl.shaping.e1"],
     "advantage": ["adarl.advantage.grpo", "adarl.advantage.rloo", "adarl.advantage.reinforce_pp",

@@ -21,7 +21,8 @@ def group(pid: str, correct: list[int], length: int = 3) -> Group:
 
 ALLOCATORS = [{"name": "knapsack", "n": 4, "min_buffer_length": 2, "max_n": 16},
               {"name": "knapsack", "n": 8, "robust": True, "cost_estimation": "expectation"},
-              {"name": "reinforce_ada", "n": 4, "round_n": 3}, {"name": "reinforce_ada", "choice": "positive_focused"}]
+              {"name": "reinforce_ada", "n": 4, "round_n": 3}, {"name": "reinforce_ada", "choice": "positive_focused"},
+              {"name": "vip", "n": 6}, {"name": "vip", "estimator": "rloo", "reuse_mean": True}]
 
 
 @settings(max_examples=25, deadline=None, database=None)
