@@ -347,13 +347,15 @@ def _flatten(data: Any, prefix: str = "") -> dict[str, str]:
     return out
 
 
-def _table(header: list[str], rows: list[list[str]], classes: list[str] | None = None) -> str:
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+def _table(header: list[str] | None, rows: list[list[str]], classes: list[str] | None = None) -> str:
+    """An HTML table; `header` None: none (a list of name / value rows needs no empty header row)."""
+    head = "" if header is None else "<thead><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in header) + \
+        "</tr></thead>"
     body = []
     for i, row in enumerate(rows):
         cls = f' class="{classes[i]}"' if classes and classes[i] else ""
         body.append(f"<tr{cls}>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    return f"<table>{head}<tbody>{''.join(body)}</tbody></table>"
 
 
 def recipes_table(groups: list[Group]) -> str:
@@ -436,7 +438,7 @@ def run_summary(run: Run) -> str:
         rows.append(["training reward (last step)", _fmt(train[-1]["reward"])])
     rows += [[column, _fmt(value)] for column, value in s.mechanism.items()]
     rows.append(["health", "; ".join(s.flags) or "no flags"])
-    return _table(["", ""], rows, ["flagged" if i == len(rows) - 1 and s.flags else "" for i in range(len(rows))])
+    return _table(None, rows, ["flagged" if i == len(rows) - 1 and s.flags else "" for i in range(len(rows))])
 
 
 ROLLOUTS_FILE = "rollouts.jsonl"
@@ -549,6 +551,13 @@ def _logs(groups: list[Group], key: str) -> bool:
     return any(key in row for g in groups for r in g.runs for row in r.rows)
 
 
+def _moves(groups: list[Group], key: str) -> bool:
+    """Whether any run's `key` takes two values or more: a curve of a metric the runs never moved (the unseen
+    fraction of a run that draws each prompt once, the rollouts per prompt of a fixed n) is a flat line."""
+    return any(len({row[key] for row in r.rows if isinstance(row.get(key), (int, float))}) > 1
+               for g in groups for r in g.runs)
+
+
 def render(path: Path) -> str:
     """The HTML of the report for a run or comparison directory."""
     path = Path(path)
@@ -581,15 +590,17 @@ def render(path: Path) -> str:
                        "Groups whose rollouts all scored the same carry no policy gradient.")),
         *([panel("Useful-token fraction vs generated tokens",  # runs before issue 38 log neither
                  lambda: (_curve_panel(groups, "effective_token_fraction_cumulative", "useful tokens / sampled tokens"),
-                          "Over the run so far: tokens trained with a non-zero advantage over tokens sampled.")),
-           panel("Unseen fraction of the selected prompts vs generated tokens",
+                          "Over the run so far: tokens trained with a non-zero advantage over tokens sampled."))]
+          if _moves(groups, "effective_token_fraction_cumulative") else []),
+        *([panel("Unseen fraction of the selected prompts vs generated tokens",
                  lambda: (_curve_panel(groups, "selected/unseen_fraction", "fraction never seen before"),
                           "Above one half on average a selector has little to act on (health: nothing_to_act_on)."))]
-          if _logs(groups, "effective_token_fraction_cumulative") else []),
-        panel("Rollouts per prompt vs generated tokens",
-              lambda: (_curve_panel(groups, "", "rollouts per prompt", transform=_rollouts_per_prompt),
-                       "Mean over the step's prompts" + (" (prompts.jsonl)." if any(
-                           r.prompts for g in groups for r in g.runs) else " (step_rollouts / groups)."))),
+          if _moves(groups, "selected/unseen_fraction") else []),
+        *([panel("Rollouts per prompt vs generated tokens",
+                 lambda: (_curve_panel(groups, "", "rollouts per prompt", transform=_rollouts_per_prompt),
+                          "Mean over the step's prompts" + (" (prompts.jsonl)." if any(
+                              r.prompts for g in groups for r in g.runs) else " (step_rollouts / groups).")))]
+          if not _logs(groups, "rollouts_per_prompt_mean") or _moves(groups, "rollouts_per_prompt_mean") else []),
     ]
     heatmaps = [panel(f"Prompt × step: {g.name}", lambda g=g: _heatmap_panel(g), wide=True) for g in groups]
     what = "comparison" if comparison else "run"

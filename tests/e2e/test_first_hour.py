@@ -189,3 +189,23 @@ def test_schema_describes_components_and_fields_from_the_code():
     vllm = schema["recipe"]["$defs"]["VllmConfig"]["properties"]
     assert vllm["kv_cache_gib"]["description"].startswith("CPU build: KV cache, GiB")  # the field's comment
     assert "description" not in vllm["dtype"]  # a comment on the line above is not the field's
+
+
+def test_run_report_shows_what_the_run_moved_and_no_empty_header(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(TESTS / "metrics"))
+    from adarl.report import render
+    from test_compare import write_run
+
+    def run(name: str, moved: bool) -> Path:
+        path = write_run(tmp_path / name, {0: 0.2, 3: 0.4}, steps=3, tokens_per_step=100)
+        rows = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+        for row in rows[1:]:  # a fixed n of 8 and every prompt new, or both changing
+            row.update({"rollouts_per_prompt_mean": 8.0 - moved * row["step"] / 2,
+                        "selected/unseen_fraction": 1.0 - moved * row["step"] / 4})
+        (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return path
+
+    flat, moving = render(run("flat", False)), render(run("moving", True))
+    for title in ("Rollouts per prompt vs generated tokens", "Unseen fraction of the selected prompts"):
+        assert title not in flat and title in moving
+    assert "<th></th>" not in flat and "Zero-variance group fraction" in flat
