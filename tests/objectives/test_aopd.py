@@ -48,3 +48,20 @@ def test_a_region_without_tokens_adds_nothing() -> None:
 def test_the_recipe_default_is_the_two_aggregations() -> None:
     assert DistillConfig(method="aopd").aopd_agg == "separate"
     assert DistillConfig(method="aopd", aopd_agg="joint").aopd_agg == "joint"
+
+
+def test_rows_the_length_guard_leaves_out_are_in_neither_region() -> None:
+    # two rows of two tokens: row 0 distilled, gaps (+1, −1); row 1 left out by the length guard, gaps (+1, +1).
+    # Over the distilled row only: N = 2, N_pos = 1, N_div = 1, so the positive token's −g·ℓ = 1 is scaled by
+    # 2/1 = 2. Counting row 1's tokens too would give N = 4, N_pos = 3: 4/3.
+    from adarl.loss.base import LossInputs
+    from adarl.train.teacher import Teacher
+
+    cfg = DistillConfig(method="aopd", weight=1.0, rl_weight=0.0)
+    teacher = Teacher(cfg, torch.nn.Linear(1, 1), tokenizer=None)
+    logp = torch.full((2, 2), -1.0)
+    uniform = torch.log(torch.full((2, 2, 2), 0.5))  # KL 0 where g ≤ 0
+    x = LossInputs(logp=logp, old_logp=logp, adv=torch.zeros(2, 2), mask=torch.ones(2, 2),
+                   teacher_logp=torch.tensor([[0.0, -2.0], [0.0, 0.0]]), teacher_top=uniform, student_top=uniform)
+    combined, _ = teacher.combine(x, torch.zeros(2, 2), [True, False])
+    assert combined.flatten().tolist() == pytest.approx([2.0, 0.0, 0.0, 0.0])

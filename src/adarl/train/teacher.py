@@ -92,11 +92,12 @@ class Teacher:
         """The RL loss and the distillation term (loss/distill.py) per token, weighted (`distill.rl_weight`,
         `distill.weight`; rows the length guard left out get the RL loss alone), and its statistics."""
         cfg = self.cfg
+        on = torch.tensor([float(d) for d in distilled], device=per_token.device)[:, None]
+        # AOPD's regions count only the distilled rows' tokens
         aux, stats = distill_terms(cfg.method, x.logp, x.teacher_logp, estimator=cfg.estimator, direction=cfg.direction,
                                    gate_temperature=cfg.gate_temperature, div_weight=cfg.div_weight,
-                                   student_top=x.student_top, teacher_top=x.teacher_top, mask=x.mask,
+                                   student_top=x.student_top, teacher_top=x.teacher_top, mask=x.mask * on,
                                    aggregation=cfg.aopd_agg)
-        on = torch.tensor([float(d) for d in distilled], device=per_token.device)[:, None]
         stats["distill/loss"] = aux.detach()
         return cfg.rl_weight * per_token + cfg.weight * aux * on, stats
 
