@@ -65,3 +65,41 @@ def test_rows_the_length_guard_leaves_out_are_in_neither_region() -> None:
                    teacher_logp=torch.tensor([[0.0, -2.0], [0.0, 0.0]]), teacher_top=uniform, student_top=uniform)
     combined, _ = teacher.combine(x, torch.zeros(2, 2), [True, False])
     assert combined.flatten().tolist() == pytest.approx([2.0, 0.0, 0.0, 0.0])
+
+
+# two rows of three tokens: row 0 gaps (+1, +1, −1), row 1 (+1, −1, −1); L_pos = 1 at every positive token;
+# L_div = 0 at row 1's middle token and KL_LAST at each row's last
+ROWS_LOGP = torch.full((2, 3), -1.0)
+ROWS_TEACHER = torch.tensor([[0.0, 0.0, -2.0], [0.0, -2.0, -2.0]])
+ROWS_TEACHER_TOP = torch.log(torch.full((2, 3, 2), 0.5))
+ROWS_STUDENT_TOP = torch.log(torch.tensor([[[0.5, 0.5], [0.5, 0.5], [0.25, 0.75]]] * 2))
+
+
+@pytest.mark.parametrize(("agg", "expected"), [
+    # seq-mean-token-mean: per row, the mean of each region: row 0 1 + KL, row 1 1 + KL/2; their mean 1 + 0.75·KL
+    ("seq-mean-token-mean", 1.0 + 0.75 * KL_LAST),
+    # a token sum per row does not divide by a count, so the regions add as they are: ((2 + KL) + (1 + KL))/2
+    ("seq-mean-token-sum", (3.0 + 2.0 * KL_LAST) / 2),
+])
+def test_the_regions_aggregate_as_the_loss_does(agg: str, expected: float) -> None:
+    from adarl.loss.aggregate import aggregate
+
+    mask = torch.ones(2, 3)
+    loss, _ = distill_terms("aopd", ROWS_LOGP, ROWS_TEACHER, student_top=ROWS_STUDENT_TOP, teacher_top=ROWS_TEACHER_TOP,
+                            mask=mask, aggregation="separate", agg=agg)
+    assert float(aggregate(loss, mask, agg)) == pytest.approx(expected)
+
+
+def test_the_teacher_follows_the_loss_aggregation() -> None:
+    # the same rows through Teacher.combine, built with the loss's seq-mean-token-mean: 1 + 0.75·KL as above
+    from adarl.loss.aggregate import aggregate
+    from adarl.loss.base import LossInputs
+    from adarl.train.teacher import Teacher
+
+    teacher = Teacher(DistillConfig(method="aopd", weight=1.0, rl_weight=0.0), torch.nn.Linear(1, 1), None,
+                      agg="seq-mean-token-mean")
+    mask = torch.ones(2, 3)
+    x = LossInputs(logp=ROWS_LOGP, old_logp=ROWS_LOGP, adv=torch.zeros(2, 3), mask=mask, teacher_logp=ROWS_TEACHER,
+                   teacher_top=ROWS_TEACHER_TOP, student_top=ROWS_STUDENT_TOP)
+    combined, _ = teacher.combine(x, torch.zeros(2, 3), [True, True])
+    assert float(aggregate(combined, mask, "seq-mean-token-mean")) == pytest.approx(1.0 + 0.75 * KL_LAST)

@@ -109,7 +109,7 @@ def build_learner(recipe: Recipe, model: torch.nn.Module, loss: Any, pad_id: int
     if recipe.train.mismatch.correct is None:  # written back: config.yaml names the choice made
         recipe.train.mismatch.correct = corrects_mismatch(recipe, loss)
     teacher = None if recipe.distill is None or tokenizer is None else Teacher(
-        recipe.distill, model, tokenizer, recipe.rollout.temperature, recipe.train.logit_chunk)
+        recipe.distill, model, tokenizer, recipe.rollout.temperature, recipe.train.logit_chunk, loss.agg)
     kw: dict[str, Any] = {}
     learner_class: type[Learner] = Learner
     if recipe.train.parallel == "fsdp2":

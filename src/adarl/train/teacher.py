@@ -39,9 +39,10 @@ def privileged_messages(problem: Problem, context: str) -> list[dict[str, str]]:
 
 class Teacher:
     def __init__(self, cfg: Any, policy: torch.nn.Module, tokenizer: Any, temperature: float = 1.0,
-                 chunk: int = 512) -> None:
+                 chunk: int = 512, agg: str = "token-mean") -> None:
         self.cfg, self.policy, self.tokenizer = cfg, policy, tokenizer
         self.temperature, self.chunk = temperature, chunk
+        self.agg = agg  # the RL loss's aggregation, which AOPD's separate regions follow
         self.model: torch.nn.Module | None = None  # None: the live policy
         if cfg.teacher in ("snapshot", "ema"):
             self.model = copy.deepcopy(policy).eval().requires_grad_(False)
@@ -97,7 +98,7 @@ class Teacher:
         aux, stats = distill_terms(cfg.method, x.logp, x.teacher_logp, estimator=cfg.estimator, direction=cfg.direction,
                                    gate_temperature=cfg.gate_temperature, div_weight=cfg.div_weight,
                                    student_top=x.student_top, teacher_top=x.teacher_top, mask=x.mask * on,
-                                   aggregation=cfg.aopd_agg)
+                                   aggregation=cfg.aopd_agg, agg=self.agg)
         stats["distill/loss"] = aux.detach()
         return cfg.rl_weight * per_token + cfg.weight * aux * on, stats
 
