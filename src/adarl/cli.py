@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from typer.core import TyperCommand, TyperGroup
@@ -32,7 +32,29 @@ class _Command(_BareFlags, TyperCommand):
 
 
 class _Group(_BareFlags, TyperGroup):
-    pass
+    def main(self, args: list[str] | None = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:
+        """As click's, with a usage error (a missing option, a bad value, an unknown command) in the one style of
+        every adarl error, `error: ...` on one line, instead of a boxed `Error` panel."""
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, False, **extra)
+        except Exception as err:  # click's classes, or typer's vendored copy of them (typer >= 0.29): by name
+            kinds = {c.__name__ for c in type(err).__mro__}
+            if "NoArgsIsHelpError" in kinds or "UsageError" not in kinds:
+                if "ClickException" not in kinds and "Abort" not in kinds:
+                    raise
+                if "Abort" in kinds:
+                    typer.echo("Aborted!", err=True)
+                else:
+                    err.show()  # type: ignore[attr-defined]
+                sys.exit(getattr(err, "exit_code", 1))
+            where = err.ctx.command_path if getattr(err, "ctx", None) else "adarl"  # type: ignore[attr-defined]
+            typer.secho(f"error: {err.format_message()} (see {where} --help)",  # type: ignore[attr-defined]
+                        fg=typer.colors.RED, err=True)
+            sys.exit(2)
+        sys.exit(code if isinstance(code, int) else 0)
 
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, cls=_Group,

@@ -209,3 +209,14 @@ def test_run_report_shows_what_the_run_moved_and_no_empty_header(tmp_path, monke
     for title in ("Rollouts per prompt vs generated tokens", "Unseen fraction of the selected prompts"):
         assert title not in flat and title in moving
     assert "<th></th>" not in flat and "Zero-variance group fraction" in flat
+
+
+@pytest.mark.parametrize("args,message", [
+    (["compare", "quickstart"], "error: Missing option '--budget-tokens'. (see adarl compare --help)"),
+    (["traink"], "error: No such command 'traink'. Did you mean 'train'? (see adarl --help)"),
+    (["compare", "quickstart", "--budget-tokens", "6000", "--seeds", "0"], "error: Invalid value for '--seeds'"),
+])
+def test_a_usage_error_is_one_error_line_like_every_other(args, message):
+    said = CliRunner().invoke(app, args, prog_name="adarl", env={"COLUMNS": "2000"})
+    assert said.exit_code == 2 and said.output.startswith(message), said.output
+    assert said.output.count("\n") == 1 and "Error" not in said.output and "╭" not in said.output

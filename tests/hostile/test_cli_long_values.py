@@ -42,7 +42,7 @@ LONG = "t" * 5000
     ["report", LONG],
     ["eval", LONG, "--task", "chain_sum"],
     ["compare", LONG, "--budget-tokens", "10"],
-    ["compare", "RECIPE", "--budget-tokens", "10", "--out", "/tmp/" + LONG],
+    ["compare", "RECIPE", "--budget-tokens", "6000", "--out", "/tmp/" + LONG],  # a budget the recipe can spend
     ["sft", LONG],
     ["eval", "smollm2-135m", "--task", LONG + ".yaml"],
     ["train", "RECIPE", "model.path=" + "v" * 100_000],
