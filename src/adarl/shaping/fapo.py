@@ -56,7 +56,7 @@ _load_judge = functools.cache(load_function)  # per worker process: import each 
 
 THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 EQUALS = re.compile(r"(?<![<>!=])=(?!=)")
-ARITHMETIC_RUN = re.compile(r"[\d.\s+\-*/()]+$")  # the arithmetic just before an "="
+ARITHMETIC_CHARS = frozenset("0123456789. \t\n+-*/()")
 RESULT = re.compile(r"\s*(-?\d+(?:\.(\d+))?)(?![\d.\w])(?!\s*[-+*/]\s*[\d(])")
 FINAL_ANSWER = re.compile(r"<answer>(.*?)</answer>|\\boxed\{([^{}]*)\}", re.DOTALL)
 OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
@@ -77,13 +77,15 @@ def wrong_step(text: str) -> bool:
     """Whether some "expression = number" step of `text` is false (see the module docstring)."""
     text = THOUSANDS.sub("", text.replace("×", "*").replace("÷", "/").replace("−", "-"))
     for eq in EQUALS.finditer(text):
-        lo = max(0, eq.start() - 200)
-        run = ARITHMETIC_RUN.search(text, lo, eq.start())
+        start, lo = eq.start(), max(0, eq.start() - 200)
+        while start > lo and text[start - 1] in ARITHMETIC_CHARS:  # the arithmetic just before the "="
+            start -= 1
         result = RESULT.match(text, eq.end())
-        if run is None or result is None:
+        if result is None:
             continue
-        expression = run.group().strip()
-        start = run.start() + len(run.group()) - len(run.group().lstrip())  # where the expression begins
+        while start < eq.start() and text[start].isspace():
+            start += 1
+        expression = text[start:eq.start()].strip()
         before = text[start - 1] if start > 0 else " "
         if before.isalnum() or before in "^_.)]}!%$" or not any(op in expression for op in "+-*/"):
             continue
