@@ -7,7 +7,7 @@ ADHint), SDAR self-distillation with the worked solution as privileged context, 
 
 On chain_sum3 uniform GRPO does not move at budgets this CPU affords (0.01 → 0.01 at 10k tokens), so
 "tokens to reach uniform's final pass@1" is degenerate there. `--task addition` is the quickstart's
-2-digit additions: the base model samples 5.6% correct answers and 80% of its groups of 8 are all-fail
+additions of two numbers 0-100: the base model samples 5.6% correct answers and 80% of its groups of 8 are all-fail
 (../shared/docs/platform.md), yet uniform moves (about 0.27 → 0.5 at 10k tokens), so the ladder's
 token ratio can be read. Its teacher for OPD is the quickstart's own run (`make demo`, 30 steps):
 

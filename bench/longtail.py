@@ -1,7 +1,7 @@
 """The long tail: synchronous generation vs APRIL partial rollouts (vs asynchronous, when built)
 at an equal generated-token budget.
 
-The task makes lengths long-tailed: the quickstart's 2-digit additions, but with SmolLM2's own
+The task makes lengths long-tailed: the quickstart's additions (two numbers 0-100), but with SmolLM2's own
 chatty system prompt and a 128-token cap, so most answers are short and some run to the cap.
 Every mode trains the same recipe to `--budget-tokens` generated tokens per seed. Reported:
 rollout throughput (generated tokens / generation seconds, summed over the run), mean step

@@ -13,7 +13,7 @@ Both trainers run in this one process, adarl first, then TRL (``trl==1.16.0``, t
 extra: ``trl`` and ``datasets``), each on its own fresh copy of SmolLM2-135M-Instruct (float32,
 loaded offline from adarl's converted cache), with the same number of torch threads. What is equal:
 
-- the task and prompts: the quickstart recipe's problems (2-digit addition, its system prompt),
+- the task and prompts: the quickstart recipe's problems (additions of two numbers 0-100, its system prompt),
   TRL gets exactly the problems adarl's uniform selector picked, in the same order and as the
   same chat messages; the prompt token ids each side generates from are compared and reported;
 - per step: ``--prompts`` prompts × ``--n`` completions, generated once, then one optimizer step
