@@ -41,6 +41,11 @@ RECIPES = {
     "xrpo_seeding": "hints_xrpo_seeding",
     "sdar": "distill_sdar",
     "feature_prior": "select_feature_prior",
+    # issue 54: the field's allocators with released (or pre-release) code, for the next campaign
+    "knapsack": "allocate_knapsack",
+    "reinforce_ada": "allocate_reinforce_ada",
+    "greso": "select_greso",
+    "vip": "allocate_vip",
 }
 
 
