@@ -13,9 +13,10 @@ Input is checked as the CLI checks it, with the same messages: a bad recipe or o
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from adarl.config import Recipe, RecipeError
 from adarl.config import load_recipe as _load
@@ -73,9 +74,80 @@ def check_groups(recipe: Recipe, max_tokens_name: str = "budget.max_tokens") -> 
     return out
 
 
-def check_run(recipe: Recipe, run_dir: Path, resume: bool) -> list[str]:
+def check_files(recipe: Recipe, source: str | Path | None = None) -> None:
+    """The model (with its tokenizer) and the task's data, looked for before anything loads: every one missing
+    named in one RecipeError, with the hardware the recipe is written for (the `# hardware:` line of `source`, the
+    recipe's file or built-in name) and the commands that fetch them. Nothing is loaded or downloaded here: a Hub
+    id is looked up in the Hugging Face cache, else (online) the Hub is asked whether it would serve it."""
+    from adarl import hub
+    from adarl.models import resolve_model
+
+    missing, fetch = [], []
+    ids = [("model.path", recipe.model.path, "model", "the model and its tokenizer")]
+    if recipe.task.source == "hf_datasets":
+        ids += [(f"task.{key}", value, "dataset", "the task's data")
+                for key, value in (("path", recipe.task.path), ("eval_path", recipe.task.eval_path)) if value]
+    for key, value, kind, what in ids:
+        if hub.is_hub_id(value):
+            if why := _not_here(value, kind):
+                missing.append(f"{key} {value} ({what}): {why}")
+                fetch.append(f"hf download {value}" + (" --repo-type dataset" if kind == "dataset" else ""))
+        elif kind == "model":
+            try:
+                resolve_model(value)
+            except FileNotFoundError as err:
+                missing.append(str(err))
+    if not missing:
+        return
+    lines = [f"{recipe.name} needs what this machine does not have:", *(f"  {m}" for m in missing)]
+    if hardware := _hardware(source):
+        lines.append(f"This recipe is written for {hardware}")
+    if fetch:
+        lines += ["Fetch them where there is network, then copy the Hugging Face cache here (or point HF_HUB_CACHE "
+                  "at a copy):", *(f"  {c}" for c in fetch)]
+    raise RecipeError("\n".join(lines))
+
+
+def _not_here(repo_id: str, kind: Literal["model", "dataset"]) -> str | None:
+    """Why a Hub id cannot be had here (None: it is in the cache, or the Hub would serve it)."""
+    from huggingface_hub import HfApi, snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    from adarl import hub
+
+    try:
+        snapshot_download(repo_id, repo_type=kind, cache_dir=hub.cache_dir(), local_files_only=True)
+        return None
+    except LocalEntryNotFoundError:
+        pass
+    where = f"not in the Hugging Face cache ({hub.cache_dir()})"
+    if hub.offline():
+        return f"{where}, and HF_HUB_OFFLINE is set"
+    try:
+        HfApi().repo_info(repo_id, repo_type=kind, timeout=10)
+        return None  # downloaded when the run needs it
+    except Exception as err:  # no network, not on the Hub, gated: one reason for all
+        return f"{where}, and the Hub did not serve it ({type(err).__name__})"
+
+
+def _hardware(source: str | Path | None) -> str | None:
+    """The first sentence of a recipe file's `# hardware:` line (every shipped recipe has one), else None."""
+    from adarl.config.loader import builtin_recipe
+
+    if source is None:
+        return None
+    path = builtin_recipe(str(source)) or Path(source)
+    try:
+        head = path.read_text(errors="replace")[:20_000]
+    except OSError:
+        return None
+    found = re.search(r"^#\s*hardware:\s*(.+)$", head, flags=re.MULTILINE)
+    return re.split(r"(?<=\.)\s", found.group(1).strip())[0] if found else None
+
+
+def check_run(recipe: Recipe, run_dir: Path, resume: bool, source: str | Path | None = None) -> list[str]:
     """What must hold before a run starts or resumes in `run_dir` (RecipeError / ValueError otherwise); the
-    warnings to show (`check_groups`)."""
+    warnings to show (`check_groups`). `source`: the recipe's file or built-in name (`check_files`)."""
     from adarl.rewards import validate_callable
     from adarl.train.build import missing_packages
     from adarl.train.checkpoint import list_checkpoints
@@ -101,6 +173,7 @@ def check_run(recipe: Recipe, run_dir: Path, resume: bool) -> list[str]:
             validate_environment(recipe.rollout.agent.environment)
         except ValueError as err:
             raise RecipeError(str(err)) from None
+    check_files(recipe, source)
     return check_groups(recipe)
 
 

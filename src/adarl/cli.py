@@ -155,7 +155,8 @@ def train(
             target = run_dir or Path("runs") / loaded.name
         from adarl.api import check_run
 
-        for warning in check_run(loaded, target, resume is not None):  # the same checks as the Python API's train
+        # the same checks as the Python API's train
+        for warning in check_run(loaded, target, resume is not None, None if resume is not None else recipe):
             typer.secho(f"warning: {warning}", fg=typer.colors.YELLOW, err=True)
     except RecipeError as err:
         _fail(str(err))

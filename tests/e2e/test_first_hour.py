@@ -220,3 +220,56 @@ def test_a_usage_error_is_one_error_line_like_every_other(args, message):
     said = CliRunner().invoke(app, args, prog_name="adarl", env={"COLUMNS": "2000"})
     assert said.exit_code == 2 and said.output.startswith(message), said.output
     assert said.output.count("\n") == 1 and "Error" not in said.output and "╭" not in said.output
+
+
+# ---------------------------------------------------------------- a recipe's files, all named at once
+
+
+def test_the_gpu_recipe_without_its_files_names_them_all_before_any_model_loads(tmp_path, monkeypatch, no_model,
+                                                                               tiny_model_dir):
+    """GSM8K on Qwen2.5-0.5B, offline, an empty Hugging Face cache: the model (with its tokenizer) and the dataset
+    in one error, the hardware the recipe is for, the two commands that fetch them; nothing loaded or asked of
+    the network. With the model given as a local folder, only the dataset is named."""
+    import huggingface_hub
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("the network was asked")
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "repo_info", no_network)
+    env = {"HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1", "COLUMNS": "2000"}
+    said = CliRunner().invoke(app, ["train", "gsm8k_qwen2.5_0.5b", "--run-dir", str(tmp_path / "run")], env=env)
+    assert said.exit_code == 2, said.output
+    lines = said.output.splitlines()
+    assert lines[0] == "error: gsm8k-qwen2.5-0.5b needs what this machine does not have:", said.output
+    assert lines[1].startswith("  model.path Qwen/Qwen2.5-0.5B-Instruct (the model and its tokenizer): not in the")
+    assert lines[2].startswith("  task.path openai/gsm8k (the task's data): not in the Hugging Face cache")
+    assert "This recipe is written for one GPU with at least 24 GB" in said.output
+    assert lines[-2:] == ["  hf download Qwen/Qwen2.5-0.5B-Instruct", "  hf download openai/gsm8k --repo-type dataset"]
+    assert not (tmp_path / "run").exists()
+    said = CliRunner().invoke(app, ["train", "gsm8k_qwen2.5_0.5b", f"model.path={tiny_model_dir}", "--run-dir",
+                                    str(tmp_path / "run")], env=env)
+    assert said.exit_code == 2 and "openai/gsm8k" in said.output and "Qwen" not in said.output, said.output
+
+
+def test_online_a_hub_id_the_hub_does_not_serve_is_named(tmp_path, monkeypatch):
+    import huggingface_hub
+
+    from adarl.api import check_files
+    from adarl.config import RecipeError, load_recipe
+
+    asked = []
+
+    def unreachable(self, repo_id, **kwargs):
+        asked.append((repo_id, kwargs.get("repo_type")))
+        raise ConnectionError("no route to host")
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "repo_info", unreachable)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    recipe = load_recipe("gsm8k_qwen2.5_1.5b")
+    with pytest.raises(RecipeError, match=r"(?s)Qwen2.5-1.5B-Instruct.*the Hub did not serve it \(ConnectionError\)"
+                                          r".*written for one GPU with at least 48 GB"):
+        check_files(recipe, "gsm8k_qwen2.5_1.5b")
+    assert asked == [("Qwen/Qwen2.5-1.5B-Instruct", "model"), ("openai/gsm8k", "dataset")]
+    monkeypatch.setattr(huggingface_hub.HfApi, "repo_info", lambda self, repo_id, **kwargs: None)
+    check_files(recipe, "gsm8k_qwen2.5_1.5b")  # the Hub serves both: the run downloads them
