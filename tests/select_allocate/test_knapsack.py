@@ -58,6 +58,13 @@ def test_a_prompt_given_no_extra_adds_nothing_as_in_the_code():
     assert ks.plan(problems("A", "B"), DifficultyStore([]), Budget()) == {"A": 3, "B": 3}
 
 
+def test_knapsack_ties_go_to_the_smaller_extra_of_the_later_prompt():
+    # n = 3: A, B p̂ = 1/2, C p̂ = 1: T = 9, R = 9 − 6 = 3; (1, 2) and (2, 1) tie at V(3) + V(4) = .203125.
+    # The code keeps the smaller k on a tie while it adds prompts in order, so B (the last) gets 1, A 2
+    ks = knapsack_with_history({"A": [1, 0], "B": [0, 1], "C": [1, 1]}, n=3, max_n=5)
+    assert ks.plan(problems("A", "B", "C"), DifficultyStore([]), Budget()) == {"A": 4, "B": 3, "C": 2}
+
+
 def test_knapsack_fallback_and_unknown_prompts():
     # n = 8: A p̂ = 1/2, D p̂ = 0, U never seen. T = 24; U gets n = 8, A min_n 2, D negative_n 2: R = 12.
     # c_A = ⌊3.32⌋ = 3 < 12 → fallback: 12 − 3 = 9 go to D (the only p̂ = 0 prompt), R = 3 → A gets 3 extra

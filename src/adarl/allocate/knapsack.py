@@ -55,17 +55,17 @@ def solve(rates: list[float], min_n: int, max_extra: int, budget: int) -> list[i
     if budget <= 0 or not rates:
         return extra
     usable = min(budget, len(rates) * max_extra)
-    best = np.full(usable + 1, -np.inf)
+    top = min(max_extra, usable)
+    best = np.full(usable + 1, -np.inf)  # best[w]: the most value of the items so far at exactly w extra
     best[0] = 0.0
     choices = np.zeros((len(rates), usable + 1), dtype=np.int64)
     for i, p in enumerate(rates):
-        row = best.copy()  # k = 0: the item adds nothing
-        for k in range(1, min(max_extra, usable) + 1):
-            candidate = np.full(usable + 1, -np.inf)
-            candidate[k:] = best[:-k] + value(min_n + k, p)
-            better = candidate > row  # strictly: ties keep the smaller k
-            row[better], choices[i, better] = candidate[better], k
-        best = row
+        gain = np.array([0.0] + [value(min_n + k, p) for k in range(1, top + 1)])  # k = 0: the item adds nothing
+        # candidate[w, k] = best[w − k] + gain[k] (−inf where w < k)
+        padded = np.concatenate([np.full(top, -np.inf), best])
+        candidate = np.lib.stride_tricks.sliding_window_view(padded, top + 1)[:, ::-1] + gain
+        choices[i] = np.argmax(candidate, axis=1)  # the first maximum: ties keep the smaller k, as the code
+        best = candidate[np.arange(usable + 1), choices[i]]
     w = usable
     for i in range(len(rates) - 1, -1, -1):
         extra[i] = int(choices[i, w])
