@@ -9,7 +9,8 @@ tokens each spent (a shared prefix once, pruned branches included) and sampled t
     .venv/bin/python bench/branching.py --report-only --tasks addition,chain_sum --seeds 0,1,2
 
 Every (task, policy, seed) is written to bench/results/branching/<task>/<policy>/seed<k>.json as it
-finishes, and skipped when it is already there (a stopped run continues). Target (issue 16): a
+finishes, and skipped when it is already there, as a file or packed into the folder's runs.tar.gz
+(bench/results/README.md): a stopped run continues. Target (issue 16): a
 branching policy reaches independent sampling's pass@8 with at most 0.6x the sampled tokens. The
 model is the recipe's (the quickstart: SmolLM2-135M-Instruct); `addition` is the quickstart's task,
 `chain_sum` reasoning-gym's 2-term chain sums; the held-out problems are fixed by task.data_seed.
@@ -49,7 +50,7 @@ from adarl.rollout.hf import HfGenerator
 from adarl.tasks import build_task
 from adarl.train.learner import token_advantages
 from adarl.types import Batch, Group, Request, sampled_tokens, trainable_masks
-from equal_budget import CHAIN_SUM3_WORKED, CHAIN_SUM4_WORKED, cold_start
+from equal_budget import CHAIN_SUM3_WORKED, CHAIN_SUM4_WORKED, cold_start, read_kept
 from smoke import smoke_overrides
 from tree_policies import POLICIES, branching_section
 
@@ -111,7 +112,7 @@ def equal_token_pass(independent: dict, tokens: float, n: int) -> float:
 
 def report(tasks: list[str], policies: list[str], seeds: list[int], n: int, out: Path = OUT) -> None:
     for task in tasks:
-        rows = {p: [json.loads(f.read_text()) for s in seeds if (f := out / task / p / f"seed{s}.json").exists()]
+        rows = {p: [json.loads(text) for s in seeds if (text := read_kept(out / task / p / f"seed{s}.json"))]
                 for p in policies}
         base = rows.get("independent") or []
         if not base:
@@ -170,7 +171,7 @@ def main() -> None:
                 overrides, recipe = [f"model.threads={args.threads}", *TASKS[task], *extra], None
                 for policy in policies:
                     path = args.out / task / policy / f"seed{seed}.json"
-                    if path.exists():
+                    if read_kept(path) is not None:  # kept: as a file, or in the folder's runs.tar.gz
                         continue
                     if recipe is None:  # its cold start is trained only when a policy still has to run
                         recipe = load_recipe(args.recipe, overrides + cold_start(task, args.recipe, overrides))

@@ -14,6 +14,7 @@ import gzip
 import io
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -76,11 +77,12 @@ def read_kept(path: Path) -> str | None:
 
 
 def archive_runs(folder: Path) -> int:
-    """Pack every kept run's files under `folder` (what sits in a `seed<k>/` folder but its result.json) into
-    `folder/runs.tar.gz`, with what the archive held (a file beats its old copy), and delete them. The same
-    files give the same bytes (sorted, no dates or owners), so a re-pack changes git only where a run did."""
-    loose = sorted(p for p in folder.rglob("*") if p.is_file() and p.parent.name.startswith("seed")
-                   and p.name != "result.json")
+    """Pack every kept run's files under `folder` (a `seed<k>.json`; what sits in a `seed<k>/` folder, but its
+    result.json) into `folder/runs.tar.gz`, with what the archive held (a file beats its old copy), and delete
+    them. The same files give the same bytes (sorted, no dates or owners): a re-pack changes git only where a
+    run did."""
+    loose = sorted(p for p in folder.rglob("*") if p.is_file() and (re.fullmatch(r"seed\d+\.json", p.name) or (
+        p.parent.name.startswith("seed") and p.name != "result.json")))
     files: dict[str, bytes] = {}
     if (folder / ARCHIVE).is_file():
         with tarfile.open(folder / ARCHIVE) as tar:

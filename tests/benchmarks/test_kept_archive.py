@@ -29,9 +29,12 @@ def test_packed_runs_read_back_as_the_files_did(kept, tmp_path):
     (results / "addition" / "b100" / "uniform" / "seed1").mkdir()
     (results / "addition" / "b100" / "uniform" / "seed1" / "result.json").write_text("{}")  # a summary: stays
     (results / "table.json").write_text("{}")
+    (results / "addition" / "eptree").mkdir()
+    (results / "addition" / "eptree" / "seed0.json").write_text('{"seed": 0}')  # bench/branching.py's per-seed file
 
-    assert kept.archive_runs(results) == 1
+    assert kept.archive_runs(results) == 2
     assert not run.exists() and (results / "addition/b100/uniform/seed1/result.json").exists()
+    assert kept.read_kept(results / "addition" / "eptree" / "seed0.json") == '{"seed": 0}'
     assert (results / "table.json").exists()
     assert kept.read_kept(run / "metrics.jsonl") == "".join(json.dumps(r) + "\n" for r in rows)
     assert kept.read_kept(results / "addition" / "b100" / "uniform" / "seed9" / "metrics.jsonl") is None
