@@ -87,6 +87,8 @@ ALLOCATORS = [
     {"name": "fixed", "n": 8}, {"name": "dapo", "n": 4, "max_batches": 3},
     {"name": "dars", "n": 4, "n_max": 16, "schedule": "hardness"}, {"name": "xrpo", "n": 6, "bonus": "linear"},
     {"name": "gdro", "n_mean": 6}, {"name": "roc", "n": 4}, {"name": "brorl", "n": 64},
+    {"name": "knapsack", "n": 6, "min_buffer_length": 2}, {"name": "reinforce_ada", "n": 4, "round_n": 3},
+    {"name": "vip", "n": 6},
 ]
 MODES = [{"mode": "sync"}, {"mode": "partial", "over_provision": 2.0},
          {"mode": "async", "eta": 1, "over_provision": 2.0}]

@@ -54,3 +54,11 @@ def test_reinforce_ada_positive_focused_and_a_short_side():
     assert ada.more([g], DifficultyStore([]), Budget()) == {}
     (kept,) = ada.finish([g])
     assert kept.correct.tolist() == [0, 0, 1, 0]
+
+
+def test_a_spare_prompt_joins_the_rounds():
+    # over-provisioning plans spare s on a copy: it is not among the planned prompts, but its group arrives
+    ada = registry.build("allocate", {"name": "reinforce_ada", "n": 2, "round_n": 2, "max_rounds": 2})
+    assert ada.plan(problems("a"), DifficultyStore([]), Budget()) == {"a": 2}
+    # a has 1 correct and 1 wrong: collected (K = 2); s has none correct: another round
+    assert ada.more([group("a", [1, 0]), group("s", [0, 0])], DifficultyStore([]), Budget()) == {"s": 2}

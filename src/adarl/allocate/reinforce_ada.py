@@ -12,8 +12,10 @@ its reward r > τ, else negative; pos and neg are counted over all of a prompt's
         balanced by the same split, positive_focused with #pos = clip(⌈P/(P+N)·K⌉, 1, take − 1)
         (an all-negative prompt then trains K negatives: a zero-advantage group).
 Kept rollouts are the first ones sampled, not a random draw (as in the code). A prompt costs at most R·M
-rollouts. The script's `global_stat_est` (the advantage baseline from all P + N samples, not the kept K)
-is not built: the trained group's advantage uses its own statistics, the code's class default.
+rollouts. Spare prompts of over-provisioning, and groups admitted from earlier steps, join the rounds as
+prompts of round 1 (the code has neither). The script's `global_stat_est` (the advantage baseline from all
+P + N samples, not the kept K) is not built: the trained group's advantage uses its own statistics, the
+code's class default.
 """
 
 from __future__ import annotations
@@ -62,12 +64,16 @@ class ReinforceAda(Stateless):
 
     def plan(self, problems: list[Problem], store: DifficultyStore, budget: Budget) -> dict[PromptId, int]:
         self._round, self._active = 1, [p.id for p in problems]
+        self._known = set(self._active)
         granted = fit(dict.fromkeys(self._active, self.round_n), budget, store)
         self._stats: dict[str, float] = {"rounds": 1.0, "total_samples": float(sum(granted.values()))}
         return granted
 
     def more(self, groups: list[Group], store: DifficultyStore, budget: Budget) -> dict[PromptId, int]:
         by_id = {g.problem.id: g for g in groups}
+        # spares (over-provisioning plans them on a copy) and groups admitted from earlier steps join the rounds
+        self._active += [q for q in by_id if q not in self._known]
+        self._known |= set(by_id)
         self._active = [q for q in self._active if q in by_id and not self.collected(by_id[q])]
         if self._round == 1:
             self._stats["prompts_active_after_1st_round"] = float(len(self._active))
