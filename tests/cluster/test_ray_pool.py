@@ -133,7 +133,7 @@ def test_weight_broadcast_reaches_every_worker_with_its_version(local_ray, model
         assert [r.completion_ids for r in after] != [r.completion_ids for r in before]
         assert pool.policy_version == 1 and all(r.token_versions == [1] * len(r) for r in after)
         m = pool.pool_metrics()
-        assert m["cluster/broadcast_mb"] > 0 and m["cluster/workers"] == 2
+        assert m["cluster/broadcast_mb"] > 0 and 0 < m["cluster/broadcast_fraction"] <= 1 and m["cluster/workers"] == 2
     finally:
         pool.close()
 

@@ -61,13 +61,14 @@ def test_the_install_check_reads_the_rows_package(monkeypatch):
 def test_the_builder_and_the_ray_worker_build_the_rows_class(tiny_model_dir):
     from adarl.cluster.ray_pool import RolloutWorker, weights_of
     from adarl.rollout.base import Weights
+    from adarl.rollout.weights import weight_delta
 
     model, tok = load_model(ModelConfig(path=str(tiny_model_dir)))
     cfg = RolloutConfig(backend="hf", max_new_tokens=4)
     gen = build_generator(model, tok, cfg)
     assert type(gen) is ENGINES["hf"].engine_class()
     worker = RolloutWorker(model.config, tok, cfg, "hf", threads=1)  # the actor's class, here in-process
-    assert worker.load_weights(weights_of(Weights.of(model).named()), 3) == 3
+    assert worker.load_weights(weight_delta(None, weights_of(Weights.of(model).named())), 3) == 3
     assert type(worker.generator) is ENGINES["hf"].engine_class()
     assert engines.engine_capabilities("hf", "ray") >= {"remote", "entropies", "top2"}
 

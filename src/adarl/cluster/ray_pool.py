@@ -14,8 +14,11 @@ call it exactly as they call `HfGenerator`, and the trainer does not know genera
   generator (`SampleStream`), and sampling is keyed per row (rollout/hf.py): with the same weights
   the pool returns the in-process generator's tokens, however its requests are spread.
 - **Weights.** `load_weights(weights)` moves the policy version and puts the learner's published weights
-  (plain HF names, LoRA merged) in the object store once; every worker loads them and answers a
-  one-token generation (its health check). With async mode's listeners the push waits until the
+  (plain HF names, LoRA merged) in the object store once, as a delta against the version the workers
+  hold (rollout/weights.py: `weight_delta`, per tensor only the words that changed, exact): every worker
+  applies it and answers a one-token generation (its health check). A new or replaced worker is sent the
+  whole weights. What a push sends is in the step's metrics (`cluster/broadcast_mb`, and
+  `cluster/broadcast_fraction` of the whole weights). With async mode's listeners the push waits until the
   generation thread is paused (`pull_weights`), so no call mixes two policies. A worker stamps the
   tokens it samples with the version of the weights it holds.
 - **Partial rollouts.** With `stop_when` (partial and async modes) workers decode in rounds of
@@ -35,7 +38,6 @@ import copy
 import os
 import threading
 import time
-import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -48,27 +50,16 @@ from adarl.config import ClusterConfig, RolloutConfig
 from adarl.rollout import engines
 from adarl.rollout.base import Progress, StopWhen, Weights, capable
 from adarl.rollout.sampling import SampleStream, row_keys
+from adarl.rollout.weights import apply_delta, delta_bytes, weight_delta
 from adarl.types import Request, Rollout
 
 HEALTH_PROMPT = "health"
 
 
-def weights_of(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, tuple[str, np.ndarray]]:
-    """Published weights (`Weights.named()`: HF checkpoint names, PEFT adapters merged) as numpy
-    arrays (Ray's object store hands numpy to every worker without a copy) with their torch dtype."""
-    out = {}
-    for name, tensor in named:  # detached tensors
-        t = tensor.cpu()
-        array = t.view(torch.int16).numpy().copy() if t.dtype == torch.bfloat16 else t.numpy().copy()
-        out[name] = (str(t.dtype).removeprefix("torch."), array)
-    return out
-
-
-def _tensor(dtype: str, array: np.ndarray) -> torch.Tensor:
-    with warnings.catch_warnings():  # object-store arrays are read-only; they are copied into the model
-        warnings.simplefilter("ignore", UserWarning)
-        t = torch.from_numpy(array)
-    return t.view(torch.bfloat16) if dtype == "bfloat16" else t
+def weights_of(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Published weights (`Weights.named()`: HF checkpoint names, PEFT adapters merged) as CPU copies of
+    their own (what the workers hold, kept by the driver to send the next version as a delta)."""
+    return {name: tensor.detach().to("cpu", copy=True) for name, tensor in named}
 
 
 class Heartbeats:
@@ -107,21 +98,24 @@ class RolloutWorker:
         self.tokenizer, self.cfg, self.backend = tokenizer, cfg, backend
         self.index, self.heartbeats = index, heartbeats
         self.generator: Any = None  # built at the first weights (vllm needs them to start)
+        self.version: int | None = None  # of the weights it holds
         self.steps = 0  # decoding steps taken by generate calls
         self._last_beat = 0.0
 
     def pid(self) -> int:
         return os.getpid()
 
-    def load_weights(self, weights: dict[str, tuple[str, np.ndarray]], version: int) -> int:
-        """Copy the broadcast weights in, take `version`; then the health check's generation."""
-        with torch.no_grad():
-            params = self.model.state_dict()
-            missing = [name for name in params if name not in weights]
-            if missing:
-                raise KeyError(f"the broadcast weights lack {missing[:3]}")
-            for name, tensor in params.items():
-                tensor.copy_(_tensor(*weights[name]))
+    def load_weights(self, delta: dict[str, tuple], version: int, base: int | None = None) -> int:
+        """Apply the broadcast `delta` (rollout/weights.py: `weight_delta`) against version `base` (None: the
+        whole weights), take `version`; then the health check's generation."""
+        params = self.model.state_dict()
+        if base is None and (missing := [name for name in params if name not in delta]):
+            raise KeyError(f"the broadcast weights lack {missing[:3]}")
+        if base is not None and base != self.version:
+            raise RuntimeError(f"rollout worker {self.index} holds weights version {self.version}, and was sent "
+                               f"a delta against version {base}")
+        apply_delta(params, delta)
+        self.version = version
         if self.generator is None:  # the engine's row of the table (rollout/engines.py)
             self.generator = engines.build(self.backend, self.model, self.tokenizer, self.cfg)
         else:  # an engine with its own copy (vllm) takes them in; one sampling from self.model loads nothing
@@ -216,10 +210,12 @@ class RayRolloutPool:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self._lock = threading.RLock()  # weight pushes and worker replacement (async mode calls from a thread)
         self._dirty = True  # the workers' weights are not the training model's
-        self._weights: Any = None  # the object-store ref of the last broadcast
+        self._held: dict[str, torch.Tensor] | None = None  # the weights the workers hold (CPU copies)
+        self._held_version = 0
         self.counts = {"workers_lost": 0, "workers_replaced": 0, "requests_reissued": 0,
                        "health_checks_failed": 0}
-        self.last_broadcast_s = self.last_broadcast_mb = 0.0
+        self.last_broadcast_s = 0.0
+        self.last_broadcast_bytes = self.full_bytes = 0
         res = cluster.resources
         bundle = {"CPU": res.num_cpus, **({"GPU": res.num_gpus} if res.num_gpus else {})}
         self._group = placement_group([dict(bundle) for _ in range(cluster.workers)], strategy=cluster.placement)
@@ -291,7 +287,8 @@ class RayRolloutPool:
         """The pool since it started: workers, losses and re-issues, the last broadcast's time and size."""
         return {f"cluster/{k}": float(v) for k, v in self.counts.items()} | {
             "cluster/workers": float(len(self.workers)), "cluster/broadcast_s": self.last_broadcast_s,
-            "cluster/broadcast_mb": self.last_broadcast_mb}
+            "cluster/broadcast_mb": self.last_broadcast_bytes / 2**20,
+            "cluster/broadcast_fraction": self.last_broadcast_bytes / max(self.full_bytes, 1)}
 
     def worker_pids(self) -> list[int]:
         import ray
@@ -457,8 +454,8 @@ class RayRolloutPool:
             ray.kill(self.workers[w], no_restart=True)
             self.workers[w] = self._spawn(w)
             self.counts["workers_replaced"] += 1
-            if self._weights is not None:
-                ray.get(self.workers[w].load_weights.remote(self._weights, self._weights_version),
+            if self._held is not None:  # a fresh worker: the whole weights
+                ray.get(self.workers[w].load_weights.remote(weight_delta(None, self._held), self._held_version),
                         timeout=self.cluster.health_timeout_s + 600)
             print(f"cluster: rollout worker {w} lost ({why}); replaced, its requests re-issued", flush=True)
 
@@ -473,17 +470,22 @@ class RayRolloutPool:
         ).remote(self._config, self.tokenizer, self.cfg, self.cfg.backend, threads, w, self._heartbeats)
 
     def _push(self) -> None:
-        """Broadcast the training model's weights, stamped with the policy version, to every worker."""
+        """Broadcast the training model's weights, stamped with the policy version, to every worker: what
+        changed since the version they hold (all of it the first time)."""
         import ray
         from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 
         with self._lock:
             t0 = time.perf_counter()
             weights = weights_of(self._source.named())
-            self.last_broadcast_mb = sum(a.nbytes for _, a in weights.values()) / 2**20
-            self._weights, self._weights_version = ray.put(weights), self.policy_version
-            del weights
-            acks = [w.load_weights.remote(self._weights, self._weights_version) for w in self.workers]
+            delta = weight_delta(self._held, weights)
+            base = None if self._held is None or self._held.keys() != weights.keys() else self._held_version
+            self.last_broadcast_bytes = delta_bytes(delta)
+            self.full_bytes = sum(t.numel() * t.element_size() for t in weights.values())
+            self._held, self._held_version = weights, self.policy_version
+            ref = ray.put(delta)
+            del delta
+            acks = [w.load_weights.remote(ref, self._held_version, base) for w in self.workers]
             for i, ack in enumerate(acks):
                 try:
                     ray.get(ack, timeout=self.cluster.health_timeout_s + 600)
