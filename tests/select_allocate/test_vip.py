@@ -38,10 +38,13 @@ def test_vip_predicts_an_unseen_prompt_from_a_similar_seen_one():
     texts = ["what is 12 plus 30", "what is 12 plus 30 ?", "name a prime greater than one hundred"]
     store = DifficultyStore(ids, problems=[Problem(q, t) for q, t in zip(ids, texts, strict=True)])
     store.update([group("seen", [1, 1, 1, 0])], 1)  # acc 3/4: logit ln 3 = 1.0986
-    vip = registry.build("allocate", {"name": "vip"})
+    vip = registry.build("allocate", {"name": "vip", "distance": "words"})
     p = vip.predict(ids, store)
     # seen: K = 1 + jitter → μ = −1 + (ln 3 + 1)/(1 + 1e-4) ≈ ln 3: p ≈ 3/4
     assert p[0] == pytest.approx(0.75, abs=1e-3)
     # far shares no word: d = 1, k = exp(−½ (1/0.4)²) = 0.044 → μ = −1 + 0.044·2.0986: p = σ(−0.9076)
     assert p[2] == pytest.approx(1 / (1 + math.exp(0.9076)), abs=1e-3)
     assert p[2] < p[1] < p[0]  # the near twin is predicted close to the seen prompt
+    # the default: prompts unrelated, so both unseen ones get the prior σ(−1) and the seen one its own 3/4
+    alone = registry.build("allocate", {"name": "vip"}).predict(ids, store)
+    assert alone[0] == pytest.approx(0.75, abs=1e-3) and alone[1] == alone[2] == pytest.approx(1 / (1 + math.e))

@@ -11,8 +11,12 @@ Allocation (the pre-release objective, C = n·B the step's hard budget, a_q = p�
     RLOO:            min Σ_q a_q / (n_q − 1)  + b_q n_q       γ = 7·10⁻⁴
     s.t. Σ n_q = C,  n_min = 4 ≤ n_q ≤ n_max = 32
 What adarl chose where the code or paper leave it open:
-- d is the cosine distance of the prompts' word counts (hashed into 4096 bins); the code's embeddings are
-  not described. Without the prompts' text (a store built without problems) prompts are unrelated (d = ∞).
+- d: the code's embeddings are not described. By default (`distance: none`) distinct prompts are unrelated
+  (d = ∞): a seen prompt is predicted from its own latest accuracy, an unseen one gets the prior σ(−1) = 0.27.
+  `distance: words` is the cosine distance of the prompts' word counts (hashed into 4096 bins), so an unseen
+  prompt is predicted from seen ones that share its words; on prompts that share most words (the quickstart's
+  additions) K_OO is then near-singular at the code's jitter and unseen predictions swing to 0 or 1: raise
+  `jitter` with it. A store without the prompts' text falls back to `none`.
 - acc_o is the prompt's latest group's accuracy (the store's), over the prompts seen within `window` = 4
   steps, the `max_observed` = 256 most recent ("recent rollouts": the window is not specified).
 - The objective is solved exactly in integers: each term is convex in n on [n_min, n_max] (n ≥ 3), so
@@ -95,6 +99,7 @@ class Vip:
     reuse_mean: bool = False  # carry each prompt's posterior mean into its next prior
     length_scale: float = Field(0.4, gt=0.0)
     jitter: float = Field(1e-4, gt=0.0)
+    distance: Literal["none", "words"] = "none"  # between prompts: unrelated, or hashed word counts
     window: int = Field(4, gt=0)  # steps of recent groups the GP is fitted on
     max_observed: int = Field(256, gt=0)
 
@@ -113,8 +118,8 @@ class Vip:
         return k
 
     def _kernel(self, xs: list[PromptId], ys: list[PromptId], store: DifficultyStore) -> np.ndarray:
-        if store.problems is None:
-            return np.array([[float(x == y) for y in ys] for x in xs])
+        if self.distance == "none" or store.problems is None:
+            return np.array([[float(x == y) for y in ys] for x in xs]).reshape(len(xs), len(ys))
         for q in {*xs, *ys} - set(self._features):
             messages = store.problems[store.index[q]].messages
             self._features[q] = word_counts(" ".join(str(m.get("content", "")) for m in messages))
