@@ -156,9 +156,10 @@ def _curve_panel(groups: list[Group], key: str, ylabel: str, smooth: bool = Fals
             _, x, y = series[0]
             ax.plot(x, y, color=g.color, marker=markers, ms=3, lw=1.6, label=g.name)
             continue
-        for _, x, y in series:
-            ax.plot(x, y, color=g.color, lw=0.7, alpha=0.35, marker=markers, ms=2)
         b = band(series)
+        for i, (_, x, y) in enumerate(series):  # seeds that share no step have no mean: the first names the recipe
+            ax.plot(x, y, color=g.color, lw=0.7, alpha=0.35, marker=markers, ms=2,
+                    label=f"{g.name} (seeds share no step)" if b is None and i == 0 else None)
         if b is None:
             continue
         x, mean, lo, hi = b

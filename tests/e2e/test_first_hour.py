@@ -273,3 +273,31 @@ def test_online_a_hub_id_the_hub_does_not_serve_is_named(tmp_path, monkeypatch):
     assert asked == [("Qwen/Qwen2.5-1.5B-Instruct", "model"), ("openai/gsm8k", "dataset")]
     monkeypatch.setattr(huggingface_hub.HfApi, "repo_info", lambda self, repo_id, **kwargs: None)
     check_files(recipe, "gsm8k_qwen2.5_1.5b")  # the Hub serves both: the run downloads them
+
+
+def test_a_comparison_whose_seeds_share_no_step_reports_without_a_warning(tmp_path, monkeypatch):
+    """Seed 0 logs entropy on steps 1-2, seed 1 on step 3 only (a degenerate budget's run): no mean over seeds
+    to draw, so the panel had no labelled line and matplotlib warned on the legend (the UserWarning `adarl compare`
+    printed). Each recipe's first seed names it now."""
+    import warnings
+
+    monkeypatch.syspath_prepend(str(TESTS / "metrics"))
+    from adarl.report import render
+    from test_compare import write_run
+
+    out = tmp_path / "cmp"
+    for name in ("a", "b"):
+        for seed in (0, 1):
+            run = write_run(out / name / f"seed{seed}", {0: 0.2, 3: 0.3}, steps=3, tokens_per_step=100, seed=seed,
+                            name=name)
+            rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+            for row in rows:
+                if "entropy" in row and (seed == 0) == (row["step"] == 3):
+                    del row["entropy"]
+            (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (out / "comparison.json").write_text(json.dumps({"budget_tokens": 300, "recipes": [{"name": "a"}, {"name": "b"}]}))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        page = render(out)
+    assert [str(w.message) for w in caught] == []
+    assert "Policy entropy vs generated tokens" in page and "could not draw" not in page
