@@ -301,6 +301,9 @@ class Group:
     reward_names: tuple[str, ...] = ()
     correct: np.ndarray | None = None  # 0/1 per rollout, from the correctness reward
     group_id: int | None = None  # the scheduler's id of the group it was generated as
+    # (mean, std) of the reward over more samples than the group keeps, for its advantage (grpo, drgrpo):
+    # Reinforce-Ada's global statistics (allocate/reinforce_ada.py); None: the group's own
+    baseline: tuple[float, float] | None = None
 
     @property
     def size(self) -> int:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
+import pytest
 
 from adarl import registry
 from adarl.budget import Budget
@@ -62,3 +65,25 @@ def test_a_spare_prompt_joins_the_rounds():
     assert ada.plan(problems("a"), DifficultyStore([]), Budget()) == {"a": 2}
     # a has 1 correct and 1 wrong: collected (K = 2); s has none correct: another round
     assert ada.more([group("a", [1, 0]), group("s", [0, 0])], DifficultyStore([]), Budget()) == {"s": 2}
+
+
+def test_global_statistics_give_the_kept_group_the_baseline_of_all_its_samples():
+    from adarl.types import Batch
+
+    ada = registry.build("allocate", {"name": "reinforce_ada", "n": 4, "round_n": 6, "max_rounds": 1,
+                                      "global_stats": True})
+    ada.plan(problems("b"), DifficultyStore([]), Budget())
+    g = group("b", [1, 0, 1, 1, 0, 1])  # P = 4, N = 2: collected; the first 2 + 2 are kept: 1 0 1 0
+    ada.more([g], DifficultyStore([]), Budget())
+    (kept,) = ada.finish([g])
+    # mean 4/6 = 2/3; std = sqrt(4·2/(6·5)) = sqrt(8/30) = 0.5164 (the kept four alone: 1/2 and 0.5774)
+    assert kept.baseline == pytest.approx((2 / 3, math.sqrt(8 / 30)))
+    drgrpo = registry.build("advantage", {"name": "drgrpo"})(Batch([kept]))
+    assert drgrpo == pytest.approx([1 / 3, -2 / 3, 1 / 3, -2 / 3])
+    grpo = registry.build("advantage", {"name": "grpo"})(Batch([kept]))
+    assert grpo == pytest.approx(np.array([1 / 3, -2 / 3, 1 / 3, -2 / 3]) / math.sqrt(8 / 30), rel=1e-5)
+    # all negative over every round: baseline mean 0, so the K negatives train with advantage 0
+    ada.plan(problems("c"), DifficultyStore([]), Budget())
+    (dead,) = ada.finish([group("c", [0] * 6)])
+    assert dead.baseline == (0.0, 0.0) and registry.build("advantage", {"name": "drgrpo"})(Batch([dead])).tolist() \
+        == [0.0] * 4

@@ -80,7 +80,8 @@ WALK = {
     # issue 54: per-prompt records (knapsack), skip streaks and adapted probabilities (greso), a GP prior
     # carried across steps (vip reuse_mean), and rounds within a step (reinforce_ada)
     "greso+knapsack": dict(select={"name": "greso"}, allocate={"name": "knapsack", "n": 4, "min_buffer_length": 2}),
-    "reinforce_ada": dict(allocate={"name": "reinforce_ada", "n": 2, "round_n": 2, "max_rounds": 2}),
+    "reinforce_ada": dict(allocate={"name": "reinforce_ada", "n": 2, "round_n": 2, "max_rounds": 2,
+                                    "global_stats": True}),
     "vip_reuse_mean": dict(allocate={"name": "vip", "n": 4, "n_min": 2, "n_max": 8, "reuse_mean": True}),
     # contains_a: some groups are solved (the exemplar pool fills), others all fail (they are seeded)
     "xrpo_seeding": dict(rewards=[{"type": "callable", "function": "e2e_rewards:contains_a"}],

@@ -6,6 +6,7 @@ Dr.GRPO (Liu et al., understand-r1-zero): A_i = r_i − mean_j r_j   (no std div
 Groups may have any size: statistics are segment reductions over each group's rollouts,
 never a reshape to (prompts, n). A group of size 1 has mean 0 and std 1 (its advantage is
 its reward, as in verl). A group of equal rewards gets advantage exactly 0.0 (`equal_groups`).
+A group that carries a `baseline` (mean, std) takes it instead of its own (Reinforce-Ada's global statistics).
 """
 
 from __future__ import annotations
@@ -35,6 +36,16 @@ def group_stats(rewards: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.
     return mean_per, std_per
 
 
+def with_baselines(batch: Batch, mean: np.ndarray, std: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`mean` and `std` per rollout, taken from the group's `baseline` where it carries one (statistics
+    over more samples than it keeps: Reinforce-Ada's global_stat_est)."""
+    ends = np.cumsum(batch.group_sizes)
+    for g, end in zip(batch.groups, ends, strict=True):
+        if g.baseline is not None:
+            mean[end - g.size:end], std[end - g.size:end] = g.baseline
+    return mean, std
+
+
 @register("advantage", "grpo")
 @dataclass(config=STRICT)
 class Grpo:
@@ -43,7 +54,7 @@ class Grpo:
 
     def __call__(self, batch: Batch) -> np.ndarray:
         rewards = batch.rewards.astype(np.float64)
-        mean, std = group_stats(rewards, batch.group_sizes)
+        mean, std = with_baselines(batch, *group_stats(rewards, batch.group_sizes))
         if not self.scale_by_std:
             return rewards - mean
         return (rewards - mean) / (std + self.eps)
@@ -54,5 +65,5 @@ class Grpo:
 class DrGrpo:
     def __call__(self, batch: Batch) -> np.ndarray:
         rewards = batch.rewards.astype(np.float64)
-        mean, _ = group_stats(rewards, batch.group_sizes)
+        mean, _ = with_baselines(batch, *group_stats(rewards, batch.group_sizes))
         return rewards - mean

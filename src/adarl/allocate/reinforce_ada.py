@@ -13,9 +13,11 @@ its reward r > τ, else negative; pos and neg are counted over all of a prompt's
         (an all-negative prompt then trains K negatives: a zero-advantage group).
 Kept rollouts are the first ones sampled, not a random draw (as in the code). A prompt costs at most R·M
 rollouts. Spare prompts of over-provisioning, and groups admitted from earlier steps, join the rounds as
-prompts of round 1 (the code has neither). The script's `global_stat_est` (the advantage baseline from all
-P + N samples, not the kept K) is not built: the trained group's advantage uses its own statistics, the
-code's class default.
+prompts of round 1 (the code has neither).
+`global_stats` (the code's `global_stat_est`: off in its class, on in its script) gives each kept group the
+mean and std of all its P + N samples as P ones and N zeros, which `advantage: grpo` / `drgrpo` use in place
+of the kept group's own:  mean = P/(P + N),  std = sqrt(P·N / ((P + N)(P + N − 1)))  (one sample: 0 and 1).
+Like the code it assumes 0/1 rewards for the baseline while A_i uses the real r_i.
 """
 
 from __future__ import annotations
@@ -43,6 +45,14 @@ def split(positives: list[int], negatives: list[int], n_positive: int, take: int
     return sorted(positives[:n_pos] + negatives[:n_neg])
 
 
+def global_baseline(positives: int, negatives: int) -> tuple[float, float]:
+    """Mean and unbiased std of `positives` ones and `negatives` zeros (0 and 1 for one sample or none)."""
+    total = positives + negatives
+    if total <= 1:
+        return 0.0, 1.0
+    return positives / total, math.sqrt(positives * negatives / (total * (total - 1)))
+
+
 @register("allocate", "reinforce_ada")
 @dataclass(config=STRICT)
 class ReinforceAda(Stateless):
@@ -51,6 +61,7 @@ class ReinforceAda(Stateless):
     max_rounds: int = Field(4, gt=0)  # R
     threshold: float = 0.7  # τ: positive_threshold
     choice: Literal["balanced", "positive_focused"] = "balanced"  # reinforce_ada_choice
+    global_stats: bool = False  # global_stat_est: the advantage's baseline from all of a prompt's samples
 
     def sides(self, group: Group) -> tuple[list[int], list[int]]:
         positive = group.reward > self.threshold
@@ -96,7 +107,11 @@ class ReinforceAda(Stateless):
         return split(positives, negatives, int(np.clip(share, 1, take - 1)), take)
 
     def finish(self, groups: list[Group]) -> list[Group]:
-        return [subset(g, self.keep(g)) for g in groups if g.size]
+        kept = [subset(g, self.keep(g)) for g in groups if g.size]
+        if self.global_stats:
+            for g, k in zip([g for g in groups if g.size], kept, strict=True):
+                k.baseline = global_baseline(*map(len, self.sides(g)))
+        return kept
 
     def metrics(self) -> dict[str, Any]:
         return dict(getattr(self, "_stats", {}))
