@@ -602,6 +602,15 @@ def render(path: Path) -> str:
                           "Mean over the step's prompts" + (" (prompts.jsonl)." if any(
                               r.prompts for g in groups for r in g.runs) else " (step_rollouts / groups).")))]
           if not _logs(groups, "rollouts_per_prompt_mean") or _moves(groups, "rollouts_per_prompt_mean") else []),
+        *([panel("Sampler/learner mismatch KL vs generated tokens",  # runs whose sampler is not their learner
+                 lambda: (_curve_panel(groups, "sampler_kl_k3", "KL(sampler ‖ learner), k3 per token"),
+                          "Schulman's k3 over the trained tokens, e^r − 1 − r with r = ℓ_θ − ℓ_sampler: the gap "
+                          "between the sampler's kernels and precision and the learner's.")),
+           panel("Mismatch correction: masked fraction vs generated tokens",
+                 lambda: (_curve_panel(groups, "mismatch/masked_fraction", "masked fraction of trained tokens"),
+                          "Trained tokens whose weight train.mismatch set to 0 (loss/mismatch.py); they still count "
+                          "in the loss's denominator."))]
+          if _logs(groups, "mismatch/weight_mean") else []),
     ]
     heatmaps = [panel(f"Prompt × step: {g.name}", lambda g=g: _heatmap_panel(g), wide=True) for g in groups]
     what = "comparison" if comparison else "run"

@@ -227,3 +227,24 @@ def test_each_mode_fills_its_documented_band() -> None:
     assert bands == {"token_truncate": (0.0, 3.0), "sequence_truncate": (0.0, 3.0), "token_mask": (0.5, 5.0),
                      "sequence_mask": (0.0, 3.0), "geometric_mask": (0.999, 1.001)}
     assert recipe("train.mismatch.high=2").train.mismatch.low == 0.0  # one end given, the other the mode's
+
+
+def test_the_run_report_draws_the_mismatch_kl_and_the_masked_fraction(tmp_path) -> None:
+    """A run that corrected gets both panels; one that did not (hf: its sampler is its learner) neither."""
+    import json
+
+    from adarl.report import render
+    from test_compare import write_run
+
+    def report(name: str, logged: dict[str, float]) -> str:
+        run = write_run(tmp_path / name, {0: 0.2}, steps=3, tokens_per_step=100)
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        (run / "metrics.jsonl").write_text("".join(json.dumps({**r, **(logged if r["step"] else {})}) + "\n"
+                                                   for r in rows))
+        return render(run)
+
+    plain = report("hf", {"sampler_kl_k3": 1e-14})
+    text = report("vllm", {"sampler_kl_k3": 4e-4, "mismatch/masked_fraction": 0.02, "mismatch/weight_mean": 0.98})
+    titles = ("Sampler/learner mismatch KL vs generated tokens", "Mismatch correction: masked fraction")
+    assert all(t in text for t in titles) and not any(t in plain for t in titles)
+    assert text.count("data:image/png") == plain.count("data:image/png") + 2
