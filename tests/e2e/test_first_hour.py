@@ -301,3 +301,44 @@ def test_a_comparison_whose_seeds_share_no_step_reports_without_a_warning(tmp_pa
         page = render(out)
     assert [str(w.message) for w in caught] == []
     assert "Policy entropy vs generated tokens" in page and "could not draw" not in page
+
+
+# ---------------------------------------------------------------- a quiet start
+
+
+@pytest.mark.heavy
+def test_the_lines_before_step_1_are_adarls_own(tiny_model_dir, tmp_path):
+    """`adarl train` on vLLM's CPU engine, as `make demo` runs (its own process: torch reads TORCH_CPP_LOG_LEVEL
+    when it loads), at its smallest: a tiny model, 2 prompts × 4 rollouts of 8 tokens. Before step 1 it printed
+    about thirteen warning lines (vLLM's notices, a NUMA binding line from torch's C++ log, FutureWarnings); now
+    one adarl line says what is hidden. Progress bars (model loading) are not counted."""
+    pytest.importorskip("vllm", reason="vLLM is not installed")
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    from adarl.cli import VLLM_CPU_NOTE
+
+    data = tmp_path / "task.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"Say a {i}", "answer": "a"}) + "\n" for i in range(20)))
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump({
+        "name": "quiet", "model": {"path": str(tiny_model_dir), "threads": 1, "device": "cpu"},
+        "task": {"source": "jsonl", "path": str(data), "eval_size": 2},
+        "rewards": [{"type": "format", "pattern": "a", "correctness": True}], "reward_workers": 1,
+        "rollout": {"backend": "vllm", "max_new_tokens": 8, "vllm": {"kv_cache_gib": 0.25}},
+        "budget": {"max_steps": 1, "prompts_per_step": 2}, "allocate": {"name": "fixed", "n": 4},
+        "eval": {"every": 0, "at_start": False}, "checkpoint": {"every": 0}}))
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCH_CPP_LOG_LEVEL", "VLLM_LOGGING_LEVEL")}
+    proc = subprocess.run([sys.executable, "-m", "adarl.cli", "train", str(recipe), "--run-dir", str(tmp_path / "run")],
+                          env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 0, said
+    lines = (proc.stderr + proc.stdout).splitlines()  # the progress lines (stdout) come after what stderr said
+    first = next(i for i, line in enumerate(lines) if line.startswith("step 1/1"))
+    before = [line for line in lines[:first] if line.strip() and "it/s]" not in line]
+    assert before == [VLLM_CPU_NOTE], said
+    rest = said.replace(VLLM_CPU_NOTE, "")
+    assert "WARNING" not in rest and "Warning" not in rest, said
