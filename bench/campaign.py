@@ -49,7 +49,7 @@ import yaml
 from adarl.comparison import mechanism, tokens_to
 from adarl.stats import mean_ci
 from allocation import paired_task, report_task
-from equal_budget import budget_overrides, curve, train_run
+from equal_budget import budget_overrides, curve, read_kept, train_run
 from methods import METHODS, ROOT, opd
 
 
@@ -102,7 +102,7 @@ def run_one(pool: str, method: str, seed: int, args: argparse.Namespace) -> list
                      f"{pool} {method} seed {seed}", args.report_only, Path(args.results) / where)
     # every group's prompt and correct count (a few kB), for where the groups went (`share_table`)
     groups, kept = Path(args.runs) / where / "prompts.jsonl", Path(args.results) / where / "prompts.jsonl"
-    if rows is not None and groups.exists() and not kept.exists():
+    if rows is not None and groups.exists() and read_kept(kept) is None:
         shutil.copyfile(groups, kept)
     return rows
 
@@ -318,8 +318,9 @@ def main(argv: list[str] | None = None) -> dict:
                                          len(train), labels)}
         kept = {m: [Path(args.results) / run_key(pool, args) / m / f"seed{s}" / "prompts.jsonl" for s in ss]
                 for m, ss in done.items()}
-        if labels and all(p.exists() for ps in kept.values() for p in ps):
-            groups = {m: [[json.loads(x) for x in p.read_text().splitlines()] for p in ps] for m, ps in kept.items()}
+        texts = {m: [read_kept(p) for p in ps] for m, ps in kept.items()}
+        if labels and all(text is not None for ts in texts.values() for text in ts):
+            groups = {m: [[json.loads(x) for x in text.splitlines()] for text in ts] for m, ts in texts.items()}
             share = {problem.id: problem.columns["share"] for problem in train}
             report["pools"][pool]["shares"] = share_table(pool, groups, share, labels)
     if args.out:

@@ -26,6 +26,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from adarl.select.feature_prior import feature_matrix, fit_logistic, sigmoid  # noqa: E402
 from campaign import training_pool  # noqa: E402
+from equal_budget import read_kept  # noqa: E402
 
 #: name -> the exploration s of the selector's draw (None: predict one half)
 SETTINGS = {"thompson s=1 (default)": 1.0, "thompson s=0.5": 0.5, "posterior mean (s=0)": 0.0, "constant 1/2": None}
@@ -78,8 +79,10 @@ def main(argv: list[str] | None = None) -> dict:
             brier: list[float] = []
             loglik: list[float] = []
             for seed in (int(s) for s in args.seeds.split(",")):
-                kept = kept_runs / method / f"seed{seed}" / "prompts.jsonl"
-                groups = [json.loads(x) for x in kept.read_text().splitlines()]
+                kept = read_kept(kept_runs / method / f"seed{seed}" / "prompts.jsonl")
+                if kept is None:
+                    parser.error(f"no kept run of {method} seed {seed} under {kept_runs}")
+                groups = [json.loads(x) for x in kept.splitlines()]
                 b, ll = replay(groups, ids, None if s is None else features, s or 0.0, np.random.default_rng(seed))
                 brier += b
                 loglik += ll

@@ -182,8 +182,12 @@ def test_prior_calibration_replays_the_kept_runs(tmp_path):
     """bench/prior_calibration.py on the committed large-pool runs of one seed: the constant prediction's
     Brier score is the mean of (1/2 − c/n)² over every group after the first step, computed here from the file;
     the selector's fitted prior must beat it on the groups of a run that selected as uniform does (VADE)."""
-    kept = ROOT / "bench/results/campaign/mixed/n400-e40-b12000/vade/seed0/prompts.jsonl"
-    groups = [json.loads(x) for x in kept.read_text().splitlines()]
+    sys.path.insert(0, str(ROOT / "bench"))
+    from equal_budget import read_kept
+
+    kept = read_kept(ROOT / "bench/results/campaign/mixed/n400-e40-b12000/vade/seed0/prompts.jsonl")
+    assert kept is not None, "the committed large-pool run of VADE seed 0 is gone"
+    groups = [json.loads(x) for x in kept.splitlines()]
     later = [g for g in groups if g["step"] > min(x["step"] for x in groups)]
     expected = sum((0.5 - g["correct"] / g["n"]) ** 2 for g in later) / len(later)
     out = tmp_path / "calibration.json"
