@@ -152,24 +152,43 @@ def test_load_weights_pushes_into_the_running_engine(engine):
         engine.load_weights(Weights.of(engine.model))
 
 
-def test_lora_weights_are_merged_for_the_push(tiny_model_dir):
+@pytest.mark.parametrize("rank", [4, 513])
+def test_lora_runs_send_the_adapters_or_the_merged_weights(rank, tiny_model_dir):
+    """Adapters on the decoder's linear layers go to vLLM alone (its LoRA request path, a few KB here); an
+    adapter of a rank vLLM does not serve (above 512) falls back to the merged weights. Either way vLLM samples
+    with the trainer's log-probs, before and after an update of the adapters, and the metrics name the path."""
     _vllm()
     from adarl.rollout.vllm import VllmGenerator, hf_weights
 
     torch.manual_seed(0)
-    lora = {"r": 4, "target_modules": ["q_proj", "v_proj"]}
+    lora = {"r": rank, "target_modules": ["q_proj", "v_proj"]}
     model, tok = load_model(ModelConfig(path=str(tiny_model_dir), lora=lora))
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "lora_B" in name:
                 p.normal_(0, 0.5)  # B = 0 at init would make the adapter a no-op
     gen = VllmGenerator(model, tok, RolloutConfig(max_new_tokens=12, vllm={"kv_cache_gib": 1.0}), seed=0)
+    adapters_only = rank <= 512
+    full_mb = sum(t.numel() * t.element_size() for _, t in hf_weights(model)) / 2**20
     try:
         ids = prompts(tok, ["Hi"])
-        rollouts = gen.generate([Request("a", ids[0], 3)])
-        logp = trainer_logprobs(gen, [ids[0]] * 3, rollouts, 1.0)  # the trainer's PEFT model, adapters live
-        for j, r in enumerate(rollouts):
-            torch.testing.assert_close(logp[j, : len(r)], torch.tensor(r.logprobs), atol=2e-4, rtol=1e-4)
+        for update in range(2):
+            if update:  # an update of the adapters alone, as a LoRA run's optimizer makes
+                gen.sync_metrics()
+                with torch.no_grad():
+                    for name, p in model.named_parameters():
+                        if "lora_" in name:
+                            p.add_(torch.randn_like(p) * 0.3)
+                gen.load_weights(Weights.of(model))
+                synced = gen.sync_metrics()
+                assert synced["vllm/adapters_only"] == float(adapters_only) and synced["vllm/weight_pushes"] == 1
+                adapter_mb = sum(t.numel() * t.element_size() for n, t in model.named_parameters() if "lora_" in n)
+                expected_mb = adapter_mb / 2**20 if adapters_only else full_mb
+                assert synced["vllm/push_mb"] == pytest.approx(expected_mb)
+            rollouts = gen.generate([Request("a", ids[0], 3)])
+            logp = trainer_logprobs(gen, [ids[0]] * 3, rollouts, 1.0)  # the trainer's PEFT model, adapters live
+            for j, r in enumerate(rollouts):
+                torch.testing.assert_close(logp[j, : len(r)], torch.tensor(r.logprobs), atol=2e-4, rtol=1e-4)
         names = [n for n, _ in hf_weights(model)]
         assert "model.layers.0.self_attn.q_proj.weight" in names and not any("lora_" in n for n in names)
     finally:
@@ -384,7 +403,7 @@ def test_auto_picks_vllm_when_installed_and_able(over, expected, monkeypatch):
     assert resolve_backend(recipe) == ("vllm" if over.get("rollout", {}).get("backend") == "vllm" else "hf")
     monkeypatch.setenv("ADARL_AUTO_BACKEND", "vLLM")
     if recipe.rollout.backend == "auto":
-        with pytest.raises(RecipeError, match="ADARL_AUTO_BACKEND is 'vLLM'; set it to hf or vllm"):
+        with pytest.raises(RecipeError, match="ADARL_AUTO_BACKEND is 'vLLM'; set it to one of vllm, hf"):
             resolve_backend(recipe)
     monkeypatch.delenv("ADARL_AUTO_BACKEND")
     hide_package(monkeypatch, "vllm")

@@ -7,18 +7,27 @@ every update `load_weights` pushes the current weights into it in place through 
 path for an engine in the trainer's process (the worker's `reload_weights`, called with
 `LLM.collective_rpc`: the tensors pass as they are; vLLM's IPC and NCCL transfer engines are for an
 engine in another process), and the prefix cache is reset so no KV computed by the old weights is
-reused. A LoRA layer is sent as W + ΔW computed apart, the model itself never merged.
+reused.
+
+A LoRA run sends the engine its adapters alone, through vLLM's LoRA request path: the engine is built
+with the frozen base weights and `enable_lora`, and each version of the adapters is written as a PEFT
+adapter folder (a few MB) that the next requests name (`LoRARequest`, a new id per version). Where
+vLLM cannot serve the adapters (`adapter_support`: DoRA, a target other than the decoder's linear
+layers, a rank above 512, a bias) the merged weights are pushed instead, W + ΔW computed apart, the
+model itself never merged. The step's metrics say which (`vllm/adapters_only`: 1 adapters, 0 merged)
+and how many MB went (`vllm/push_mb`).
 
 On a GPU the engine shares the device with training (colocated, as vLLM documents it).
 `rollout.vllm.gpu_memory_utilization` bounds it, and with `rollout.vllm.sleep` (default) it sleeps
 once a step, when the update starts (`sleep()`, called by the trainer: vLLM's sleep level 2, weights
-and KV cache freed), and wakes once, in `load_weights`: the weights' memory first (`wake_up(["weights"])`),
-the new weights pushed into it, then the KV cache (`wake_up(["kv_cache"])`), before the next
-generation. Nothing sleeps around a `generate` call, so partial rollouts and agents, which call it
-many times a step, pay one sleep and one wake a step. Sleeps, wakes, pushes and push seconds are
-counted (`sync_metrics()`, in the step's metrics as `vllm/...`). Sleep mode needs CUDA: `_CUDA` is the one
-switch (tests fake the engine at that boundary). On the CPU build the KV cache is
-`rollout.vllm.kv_cache_gib` (any size, passed as vLLM's `kv_cache_memory_bytes`).
+and KV cache freed; level 1 with adapters, whose frozen base is kept in CPU memory and not sent again),
+and wakes once, in `load_weights`: the weights' memory first (`wake_up(["weights"])`), the new weights
+pushed into it, then the KV cache (`wake_up(["kv_cache"])`), before the next generation. Nothing sleeps
+around a `generate` call, so partial rollouts and agents, which call it many times a step, pay one
+sleep and one wake a step. Sleeps, wakes, pushes, their seconds and MB are counted (`sync_metrics()`, in
+the step's metrics as `vllm/...`). Sleep mode needs CUDA: `_cuda()` is the one switch (tests fake the
+engine's sleep and wake at that boundary). On the CPU build the KV cache is `rollout.vllm.kv_cache_gib`
+(any size, passed as vLLM's `kv_cache_memory_bytes`).
 
 What matches the `hf` generator: the protocol (`generate` with `stop_when` and `keys`, the
 policy version, `state_dict`), behaviour log-probs of the sampled tokens under the sampling
@@ -152,6 +161,25 @@ def _forget_reload_records(model: torch.nn.Module) -> int:
     return sum(records.pop(layer, None) is not None for layer in model.modules())
 
 
+#: the layers vLLM serves LoRA adapters on for the decoder models adarl trains
+_LORA_LAYERS = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"})
+_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's max_lora_rank choices
+
+
+def adapter_support(model: Any) -> tuple[dict | None, str]:
+    """The PEFT config of `model`'s adapters when vLLM can serve them (else None), and why not."""
+    config = getattr(model, "peft_config", {}).get("default")
+    if config is None:
+        return None, "no LoRA adapters"
+    targets = set(config.target_modules) if not isinstance(config.target_modules, str) else {config.target_modules}
+    why = ("DoRA" if getattr(config, "use_dora", False) else
+           f"targets {sorted(targets - _LORA_LAYERS)}" if not targets <= _LORA_LAYERS else
+           f"rank {config.r} > 512" if config.r > 512 else
+           f"bias {config.bias}" if config.bias != "none" else
+           f"modules_to_save {config.modules_to_save}" if config.modules_to_save else "")
+    return (None if why else config.to_dict()), why
+
+
 def _cuda() -> bool:
     """The one switch for what needs CUDA: sleep mode (vLLM's CPU build has none)."""
     return torch.cuda.is_available()
@@ -188,7 +216,11 @@ class VllmGenerator:
         self.weight_listeners: list[Callable[[], None]] = []
         self.entropy_stats = None
         self.last_temperature_mean: float | None = None
-        self._sync = dict.fromkeys(("sleeps", "wakes", "weight_pushes", "push_s"), 0.0)  # since sync_metrics()
+        self._sync = dict.fromkeys(("sleeps", "wakes", "weight_pushes", "push_s", "push_mb"), 0.0)  # per step
+        self._lora_config, _ = adapter_support(model)
+        self._adapters = self._lora_config is not None and self._source.adapters is not None
+        self._lora: Any = None  # the LoRARequest of the adapters the engine holds
+        self._lora_dir = Path(tempfile.mkdtemp(prefix="adarl-vllm-lora-")) if self._adapters else None
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self._calls = 0
         vcfg = cfg.vllm
@@ -198,7 +230,7 @@ class VllmGenerator:
         base = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT: the wrapped model
         folder = Path(tempfile.mkdtemp(prefix="adarl-vllm-"))
         try:
-            self._export(folder, base)
+            self._export(folder, base, merged=not self._adapters)
             dtype = vcfg.dtype if vcfg.dtype != "auto" else str(next(model.parameters()).dtype).removeprefix("torch.")
             max_len = vcfg.max_model_len or getattr(base.config, "max_position_embeddings", 8192)
             # CPU build: with chunked prefill, a seeded request whose prefill is split crashes the
@@ -213,17 +245,26 @@ class VllmGenerator:
                 logprobs_mode="processed_logprobs", enable_prefix_caching=True,
                 gpu_memory_utilization=vcfg.gpu_memory_utilization, enable_sleep_mode=self._sleep,
                 enforce_eager=vcfg.enforce_eager or not self._cuda,
-                max_model_len=max_len, **cpu,
+                max_model_len=max_len, **cpu, **self._lora_args(),
             )
         finally:
             shutil.rmtree(folder, ignore_errors=True)  # the engine holds the weights now
             _forget_import_tracebacks()
+        if self._adapters:
+            self._push()
 
-    def _export(self, path: Path, base: PreTrainedModel) -> None:
-        """The training model as a HF folder vLLM can load: config, safetensors, tokenizer."""
+    def _lora_args(self) -> dict[str, Any]:
+        if not self._adapters:
+            return {}
+        rank = next(r for r in _LORA_RANKS if r >= self._lora_config["r"])
+        return {"enable_lora": True, "max_lora_rank": rank, "max_loras": 1}
+
+    def _export(self, path: Path, base: PreTrainedModel, merged: bool) -> None:
+        """The training model as a HF folder vLLM can load: config, safetensors, tokenizer; a LoRA model's
+        adapters merged in, or left out (`merged` False: they are sent apart)."""
         from safetensors.torch import save_file
 
-        tensors = {name: t.contiguous().cpu().clone() for name, t in hf_weights(self.model)}
+        tensors = {name: t.contiguous().cpu().clone() for name, t in hf_weights(self.model, merge=merged)}
         save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
         base.config.save_pretrained(path)
         if base.generation_config is not None:
@@ -236,7 +277,7 @@ class VllmGenerator:
         """The update starts: a colocated engine frees the GPU for it (sleep level 2: weights and KV cache
         released; the next push brings the new weights). Once a step; a no-op without sleep mode."""
         if self._sleep and not self._asleep:
-            self.llm.sleep(level=2)
+            self.llm.sleep(level=1 if self._adapters else 2)
             self._asleep = True
             self._sync["sleeps"] += 1
 
@@ -251,6 +292,8 @@ class VllmGenerator:
     def sync_metrics(self) -> dict[str, float]:
         """Sleeps, wakes, weight pushes and push seconds since the last call (the trainer's: once a step)."""
         out = {f"vllm/{k}": float(v) for k, v in self._sync.items()}
+        if self._source.adapters is not None:  # a LoRA run: adapters sent, or the merged fallback
+            out["vllm/adapters_only"] = float(self._adapters)
         self._sync = dict.fromkeys(self._sync, 0.0)
         return out
 
@@ -266,13 +309,43 @@ class VllmGenerator:
             listener()
 
     def _push(self) -> None:
-        """`self._source` into the running engine (vLLM's in-place `reload_weights`), its prefix cache reset."""
+        """`self._source` into the running engine, its prefix cache reset: the adapters as a new LoRA request,
+        or the merged weights in place (vLLM's `reload_weights`)."""
         t0 = time.perf_counter()
-        weights = list(self._source.named())
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
+        if self._adapters and self._source.adapters is not None:
+            sent = self._push_adapters(self._source.adapters())
+        else:
+            weights = list(self._source.named())
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights,
+                                                              "is_checkpoint_format": True})
+            sent = sum(t.numel() * t.element_size() for _, t in weights)
         self.llm.reset_prefix_cache()
         self._sync["weight_pushes"] += 1
+        self._sync["push_mb"] += sent / 2**20
         self._sync["push_s"] += time.perf_counter() - t0
+
+    def _push_adapters(self, adapters: Any) -> int:
+        """Write the adapters as a PEFT folder and name it in the next requests (a new LoRA id); the bytes."""
+        import json
+
+        from safetensors.torch import save_file
+        from vllm.lora.request import LoRARequest
+
+        assert self._lora_dir is not None
+        version = 1 if self._lora is None else self._lora.lora_int_id + 1
+        folder = self._lora_dir / str(version)
+        folder.mkdir()
+        # PEFT's file names: base_model.model.<module>.lora_A.weight (no adapter name)
+        tensors = {f"base_model.model.{name.replace('.default.', '.')}": t.detach().contiguous().cpu().clone()
+                   for name, t in adapters}
+        save_file(tensors, str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
+        config = {k: sorted(v) if isinstance(v, set) else v for k, v in self._lora_config.items()}
+        (folder / "adapter_config.json").write_text(json.dumps(config, default=str))
+        if self._lora is not None:
+            self.llm.llm_engine.remove_lora(self._lora.lora_int_id)
+            shutil.rmtree(self._lora.lora_path, ignore_errors=True)
+        self._lora = LoRARequest(f"adarl-{version}", version, str(folder))
+        return sum(t.numel() * t.element_size() for t in tensors.values())
 
     def add_stop(self, stop: str) -> None:
         """End rows at `stop` too (the agent loop's end-of-call marker); the recipe's config is not changed."""
@@ -303,6 +376,8 @@ class VllmGenerator:
             if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0":  # the engine's model is in this process
                 llm.apply_model(_forget_reload_records)
             llm.llm_engine.engine_core.shutdown()
+        if self._lora_dir is not None:
+            shutil.rmtree(self._lora_dir, ignore_errors=True)
 
     def generate(
         self, requests: list[Request], greedy: bool = False, max_new_tokens: int | None = None,
@@ -342,7 +417,8 @@ class VllmGenerator:
             )
             rid = f"adarl-{self._calls}-{j}"
             ids[rid] = j
-            engine.add_request(rid, TokensPrompt(prompt_token_ids=requests[i].prompt_ids + prefix), params)
+            engine.add_request(rid, TokensPrompt(prompt_token_ids=requests[i].prompt_ids + prefix), params,
+                               lora_request=self._lora)
         stopped = False
         try:
             while engine.has_unfinished_requests():

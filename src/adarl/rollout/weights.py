@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 
-def hf_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+def hf_weights(model: torch.nn.Module, merge: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
     """(checkpoint name, tensor) for every weight of the model as a plain HF checkpoint holds it.
 
     The state dict, not the parameters: with tied embeddings it also names `lm_head.weight`,
@@ -18,11 +18,12 @@ def hf_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     A PEFT model's adapted layers give their merged weight W + ΔW, computed apart (ΔW: each active
     adapter's `get_delta_weight`), under the names without PEFT's prefixes. The model itself is never
     modified: merging in place and unmerging after leaves float rounding in W, so the frozen base
-    weights would drift a little at every push.
+    weights would drift a little at every push. `merge` False: the base weights alone, for an engine that
+    loads the adapters apart (`adapter_weights`).
     """
     deltas: dict[str, torch.Tensor] = {}
     with torch.no_grad():  # (no yield inside: a consumer must not run with grad mode changed)
-        for name, module in model.named_modules():
+        for name, module in model.named_modules() if merge else ():
             if not hasattr(module, "get_delta_weight") or getattr(module, "disable_adapters", False):
                 continue
             for adapter in getattr(module, "active_adapters", []):
