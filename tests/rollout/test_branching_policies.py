@@ -57,14 +57,19 @@ def test_latr_filters_and_pruning_measures():
     top = [ROOT_TOP2.get(q, (t, 0.9, 1, 0.05)) for q, t in enumerate(ROOT)]
     # position 1: sampled the top-1 (11), the branch takes 99 at log .4; position 4 sampled the
     # runner-up (14), the branch takes the top-1 (77) at log .45; position 3 fails the relative gap
-    assert candidates(ROOT, top, 0, 0.15, 0.25) == [(1, 99, math.log(0.4)), (4, 77, math.log(0.45))]
+    assert candidates(ROOT, top, 0, 0.15, 0.25, "below") == [(1, 99, math.log(0.4)), (4, 77, math.log(0.45))]
+    # the released filter (the default) keeps the other gap: p(top-1) − p(c) > τ_rel. Positions 1 and 4 have
+    # gaps .5 − .4 = .1 and .45 − .35 = .1, under .25; position 3 has .6 − .3 = .3 > .25 and p(c) = .3 > .15, and
+    # sampled its top-1 (13), so the branch takes the runner-up 98 at log .3
+    assert candidates(ROOT, top, 0, 0.15, 0.25) == [(3, 98, math.log(0.3))]
     assert suffix_match([1, 2, 3, 4], [9, 9, 3, 4]) == 0.5 and suffix_match([1, 2], [2, 1]) == 0.0
     # LCS of (1 2 3 4) and (1 3 5 4) is 1 3 4: P = R = 3/4
     assert rouge_l([1, 2, 3, 4], [1, 3, 5, 4]) == pytest.approx(0.75) and rouge_l([], [1]) == 0.0
 
 
 def test_latr_prunes_a_look_alike_and_keeps_a_different_branch():
-    gen = LatrGenerator(ScriptedLatr(), lookahead=(2,))
+    # the scripted root's eligible positions (1 and 4) are those of the gap-below reading
+    gen = LatrGenerator(ScriptedLatr(), lookahead=(2,), rel_test="below")
     assert gen.generator.record_top2  # it asks the backend for the two most likely tokens
     leaves = gen.generate([Request("p", [1], 4)])
     root, child, *fresh = leaves
@@ -78,9 +83,19 @@ def test_latr_prunes_a_look_alike_and_keeps_a_different_branch():
     assert gen.metrics()["branch/pruned_per_prompt"] == 1
     # paid: root 8 + pruned branch 2 (forced + 1) + kept branch 4 (forced + 3) + 2 × 8 fresh = 30; in leaves 28
     assert sampled_tokens(leaves) == 28 and gen.last_discarded_tokens == 2
-    assert RolloutScheduler(LatrGenerator(ScriptedLatr(), lookahead=(2,))).complete(
+    assert RolloutScheduler(LatrGenerator(ScriptedLatr(), lookahead=(2,), rel_test="below")).complete(
         [Request("p", [1], 4)]).tokens_spent == 30
     assert [m.tolist() for m in trainable_masks([root, child])] == [[1] * 8, [0] * 4 + [1] * 4]
+
+
+def test_latr_branches_where_the_released_filter_does_by_default():
+    # rel_test "above" (sample_filter.py's ProbFilter): of the scripted root only position 3 (.6 vs .3, gap .3 >
+    # .25) is eligible; the child takes 98 there, then the script's 504..507; at r = 2 its window (98, 504)
+    # shares nothing with the root's (13, 14): kept. No other eligible position: two ordinary samples.
+    root, child, *fresh = LatrGenerator(ScriptedLatr(), lookahead=(2,)).generate([Request("p", [1], 4)])
+    assert child.completion_ids == [10, 11, 12, 98, 504, 505, 506, 507]
+    assert child.spans[1].logprobs[0] == pytest.approx(math.log(0.3))
+    assert len(fresh) == 2 and all(f.completion_ids == ROOT for f in fresh)
 
 
 def test_latr_normalised_edit_distance_prunes_as_the_released_filter():
@@ -90,7 +105,7 @@ def test_latr_normalised_edit_distance_prunes_as_the_released_filter():
     # the suffix and ROUGE-L tests off (thresholds of 1 never fire); at r = 2 the branch at 1 compares (99, 12)
     # with (11, 12): distance 1, 1/2 = 0.5 < 0.6, pruned; the branch at 4 compares (77, 505) with (14, 15): 2/2 = 1,
     # kept. Without the edit test both are kept.
-    off = {"lookahead": (2,), "suffix_threshold": 1.0, "rouge_threshold": 1.0}
+    off = {"lookahead": (2,), "suffix_threshold": 1.0, "rouge_threshold": 1.0, "rel_test": "below"}
     gen = LatrGenerator(ScriptedLatr(), edit_threshold=0.6, **off)
     root, child, *fresh = gen.generate([Request("p", [1], 4)])
     assert child.completion_ids == [10, 11, 12, 13, 77, 505, 506, 507] and len(fresh) == 2
@@ -166,7 +181,8 @@ def test_repetition_check_counts_overlapping_substrings():
 
 
 @pytest.mark.parametrize("branching,advantage", [
-    ({"policy": "latr", "lookahead": [2, 3], "abs_threshold": 0.0, "rel_threshold": 1.0}, "treerl"),
+    ({"policy": "latr", "lookahead": [2, 3], "abs_threshold": 0.0, "rel_threshold": 1.0, "rel_test": "below"},
+     "treerl"),
     ({"policy": "treepo", "segment": 3, "max_depth": 3}, "treepo"),
 ])
 def test_tree_policies_train_end_to_end(branching, advantage, tiny_model_dir, tmp_path, monkeypatch):

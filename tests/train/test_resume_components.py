@@ -66,7 +66,8 @@ WALK = {
         advantage={"name": "treerl"}, hints={"name": "guide", "source": "answer"}),
     "latr+polychromic+seele+sdar_snapshot": dict(
         rollout={"temperature": 1.0, "max_new_tokens": 8,
-                 "branching": {"policy": "latr", "lookahead": [2, 3], "abs_threshold": 0.0, "rel_threshold": 1.0}},
+                 "branching": {"policy": "latr", "lookahead": [2, 3], "abs_threshold": 0.0, "rel_threshold": 1.0,
+                               "rel_test": "below"}},
         advantage={"name": "polychromic", "n": 2, "subsets": 4},
         hints={"name": "seele", "source": "answer", "rounds": 2, "per_round": 2},
         distill={"method": "sdar", "teacher": "snapshot"}),

@@ -121,11 +121,14 @@ class EptreeBranching(Section):
 
 
 class LatrBranching(Section):
-    """LATR: branch where the runner-up token is nearly as likely, prune look-alikes (rollout/latr.py)."""
+    """LATR: branch where the runner-up token is likely, prune look-alikes (rollout/latr.py)."""
 
     policy: Literal["latr"]
     abs_threshold: float = Field(0.15, ge=0.0, lt=1.0)  # p(candidate) must exceed it
-    rel_threshold: float = Field(0.25, gt=0.0, le=1.0)  # p(top-1) − p(candidate) must stay below it
+    rel_threshold: float = Field(0.25, ge=0.0, le=1.0)  # τ_rel on the gap p(top-1) − p(candidate)
+    # above: branch where the gap exceeds τ_rel (the released filter, sample_filter.py's ProbFilter); below: where
+    # it stays under τ_rel (algorithms.md §3.3's reading of the paper's "high-uncertainty steps")
+    rel_test: Literal["above", "below"] = "above"
     lookahead: list[TokenCount] = Field([20, 30, 50], min_length=1)  # tokens after birth at which a child is compared
     suffix_threshold: float = Field(0.2, ge=0.0, le=1.0)  # prune: common suffix over r above it
     rouge_threshold: float = Field(0.5, ge=0.0, le=1.0)  # prune: ROUGE-L above it

@@ -69,7 +69,8 @@ def build_branching(generator: Any, b: Any) -> Any:
         from adarl.rollout.latr import LatrGenerator
 
         return LatrGenerator(generator, b.abs_threshold, b.rel_threshold, tuple(b.lookahead), b.suffix_threshold,
-                             b.rouge_threshold, b.mix_schedule, b.max_waves, b.edit_threshold)
+                             b.rouge_threshold, b.mix_schedule, b.max_waves, b.edit_threshold,
+                             b.rel_test)
     if b.policy == "treepo":
         from adarl.rollout.treepo import TreePOGenerator
 

@@ -3,10 +3,12 @@ starreeze/latr `model/generation.py`, `model/sample_filter.py`, scripts `*-kt-*.
 
 A group's first n_kt = round(n·η) leaves come from a tree, the other n − n_kt are ordinary samples.
 The tree starts from one chain of the prompt. At a sampled position where the second most likely
-token c is nearly as likely as the first,
+token c is likely enough, the released filter (`ProbFilter`) branches where
 
-    p(c) > τ_abs (0.15)   and   p(top-1) − p(c) < τ_rel (0.25)        (top-m candidates, m = 2)
+    p(c) > τ_abs (0.15)   and   p(top-1) − p(c) > τ_rel (0.25)        (top-m candidates, m = 2)
 
+(`rel_test: above`, the default). algorithms.md §3.3 reads the paper's "high-uncertainty steps" as the
+gap staying *under* τ_rel, a runner-up nearly as likely as the top-1 (`rel_test: below`, an option). There
 the chain branches: a child shares the prefix before that position and takes the other candidate
 there (a forced token, trained as an ordinary sample with its log-prob under the policy: the code
 applies no importance correction). A child is compared with its parent r ∈ (20, 30, 50) tokens
@@ -44,13 +46,15 @@ MIX_SCHEDULE = {0: 1.0, 100: 0.75, 200: 0.5, 300: 0.25}
 
 
 def candidates(tokens: list[int], top2: list[tuple[int, float, int, float]], start: int,
-               abs_threshold: float, rel_threshold: float) -> list[tuple[int, int, float]]:
+               abs_threshold: float, rel_threshold: float, rel_test: str = "above") -> list[tuple[int, int, float]]:
     """(position, the other candidate, its log-prob) at each eligible position of `tokens` from
-    `start` on; `top2[k]` is (top-1, p, top-2, p) at position start + k."""
+    `start` on; `top2[k]` is (top-1, p, top-2, p) at position start + k. `rel_test`: "above", the released
+    filter's test, p(top-1) − p(c) > τ_rel; "below", §3.3's reading of "uncertain tokens", the gap under τ_rel."""
     out = []
     for k, (t1, p1, t2, p2) in enumerate(top2):
         pos = start + k
-        if pos >= len(tokens) or p2 <= abs_threshold or p1 - p2 >= rel_threshold:
+        gap_ok = p1 - p2 > rel_threshold if rel_test == "above" else p1 - p2 < rel_threshold
+        if pos >= len(tokens) or p2 <= abs_threshold or not gap_ok:
             continue
         sampled = tokens[pos]
         if sampled == t1:
@@ -97,12 +101,12 @@ class LatrGenerator(TreeGenerator):
     def __init__(self, generator: Any, abs_threshold: float = 0.15, rel_threshold: float = 0.25,
                  lookahead: tuple[int, ...] = (20, 30, 50), suffix_threshold: float = 0.2,
                  rouge_threshold: float = 0.5, mix_schedule: dict[int, float] | None = None,
-                 max_waves: int = 8, edit_threshold: float | None = None) -> None:
+                 max_waves: int = 8, edit_threshold: float | None = None, rel_test: str = "above") -> None:
         super().__init__(generator)
         if not capable(generator, "top2"):
             raise ValueError("LATR needs each position's two most likely tokens: rollout.backend: hf")
         generator.record_top2 = True
-        self.abs_threshold, self.rel_threshold = abs_threshold, rel_threshold
+        self.abs_threshold, self.rel_threshold, self.rel_test = abs_threshold, rel_threshold, rel_test
         self.lookahead, self.max_waves = tuple(sorted(lookahead)), max_waves
         self.suffix_threshold, self.rouge_threshold = suffix_threshold, rouge_threshold
         self.edit_threshold = edit_threshold  # None: the edit-distance test is off
@@ -126,7 +130,7 @@ class LatrGenerator(TreeGenerator):
         trees: dict[int, list[_Branch]] = {}
         for i, root, top in zip(rooted, roots, tops, strict=True):
             cands = [] if root.finish_reason == "partial" else candidates(
-                root.completion_ids, top, 0, self.abs_threshold, self.rel_threshold)
+                root.completion_ids, top, 0, self.abs_threshold, self.rel_threshold, self.rel_test)
             trees[i] = [_Branch(root, cands, done=True)]
         pruned = waves = 0
         while waves < self.max_waves:
@@ -180,7 +184,8 @@ class LatrGenerator(TreeGenerator):
             for (_, b), new, top, pids in zip(todo, got, self._top2(len(got)), parent_ids, strict=True):
                 start = b.born + len(b.own_ids)
                 b.pieces += new.spans
-                b.cands += candidates(pids[:b.born] + b.own_ids, top, start, self.abs_threshold, self.rel_threshold)
+                b.cands += candidates(pids[:b.born] + b.own_ids, top, start, self.abs_threshold, self.rel_threshold,
+                                  self.rel_test)
                 if new.finish_reason != "length" or r is None or (max_new and start + len(new) >= max_new):
                     b.done = True  # ended: EOS, the length limit, the budget, or the last stage
                     b.rollout.finish_reason = new.finish_reason
