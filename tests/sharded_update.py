@@ -100,7 +100,8 @@ def run(args: argparse.Namespace, agg: str, bug: str = "") -> dict | None:
     first = 0
     if args.resume:
         state = torch.load(args.checkpoint / "state.pt", weights_only=False)
-        learner.load_sharded(args.checkpoint / "sharded", state)
+        learner.load(args.checkpoint)  # sharded, read at this world size (one process: whole)
+        learner.load_state_dict(state)
         learner.rng.bit_generator.state = state["rng"]
         first = state["step"]
     vocab = model.config.vocab_size
@@ -109,7 +110,7 @@ def run(args: argparse.Namespace, agg: str, bug: str = "") -> dict | None:
         grad_norms.append(learner.update(synthetic_batch(step, vocab))["grad_norm"])
         if args.save_after and step + 1 == args.save_after:
             args.checkpoint.mkdir(parents=True, exist_ok=True)
-            learner.save_sharded(args.checkpoint / "sharded")
+            learner.save(args.checkpoint)  # every rank its shards, in args.checkpoint / "sharded"
             saved = learner._full_state_dict()  # the weights in the checkpoint
             torch.save({**learner.state_dict(), "rng": learner.rng.bit_generator.state, "step": step + 1},
                        args.checkpoint / "state.pt")

@@ -122,7 +122,7 @@ def test_cli_resume_refuses_a_planted_pickle_in_one_line(run, tmp_path):
     assert result.exit_code == 2, result.output
     errors = [line for line in result.output.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "Traceback" not in result.output, result.output
-    one_line_refusal(errors[0], f"{STEP}/optimizer.pt")  # the first file checkpoint.load reads
+    one_line_refusal(errors[0], f"{STEP}/state.pt")  # the first file a resume reads, before any weights load
     assert not marker.exists()
 
 

@@ -239,7 +239,7 @@ def test_leftovers_are_never_listed_and_are_cleaned(tmp_path):
     model = torch.nn.Linear(2, 2)
     root = tmp_path / "checkpoints"
     for step in (1, 2, 3):
-        checkpoint.save(root, step, model, {"o": step}, {"step": step}, keep=2)
+        checkpoint.save(root, step, lambda d, s: checkpoint.write_whole(d, model, {"o": s}), {"step": step}, keep=2)
     assert [p.name for p in checkpoint.list_checkpoints(root)] == ["step_000002", "step_000003"]
     # what a kill can leave: a torn new checkpoint, a half-deleted old one
     (root / "step_000004.tmp").mkdir()
@@ -249,7 +249,7 @@ def test_leftovers_are_never_listed_and_are_cleaned(tmp_path):
     incomplete.mkdir()
     (incomplete / "weights.safetensors").write_bytes(b"")
     assert checkpoint.latest(root).name == "step_000003"
-    checkpoint.save(root, 4, model, {}, {"step": 4}, keep=2)
+    checkpoint.save(root, 4, lambda d, s: checkpoint.write_whole(d, model, {}), {"step": 4}, keep=2)
     assert sorted(p.name for p in root.iterdir()) == ["step_000003", "step_000004", "step_000009"]
 
 

@@ -169,23 +169,15 @@ def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.detach().contiguous() for n, p in model.named_parameters() if p.requires_grad}
 
 
-def save(root: Path, step: int, model: torch.nn.Module, optimizer_state: dict | None, state: dict, keep: int,
-         write_sharded: Callable[[Path], None] | None = None) -> Path:
-    """A checkpoint of `model` and `optimizer_state`, or (`write_sharded`, called with the folder to fill,
-    on rank 0 of a sharded learner, which has every rank write its shards there) a sharded one."""
+def save(root: Path, step: int, write: Callable[[Path, int], None], state: dict, keep: int) -> Path:
+    """A checkpoint: `write(folder, step)` fills it with the learner's weights and optimizer (`Learner.save`:
+    `write_whole`, or a sharded learner's `SHARDED` folder), then the trainer's `state` joins them."""
     root.mkdir(parents=True, exist_ok=True)
     clean_stale(root)
     final = root / f"step_{step:06d}"
     tmp = root / f"step_{step:06d}.tmp"
     tmp.mkdir()
-    if write_sharded is not None:
-        write_sharded(tmp / SHARDED)
-        crash_point("checkpoint:weights", step)
-    else:
-        save_file(trainable_state(model), tmp / "weights.safetensors")
-        crash_point("checkpoint:weights", step)
-        torch.save(to_plain(optimizer_state, "optimizer"), tmp / "optimizer.pt")
-        crash_point("checkpoint:optimizer", step)
+    write(tmp, step)
     torch.save(to_plain(state, "state"), tmp / "state.pt")
     crash_point("checkpoint:state", step)
     _fsync_tree(tmp)
@@ -229,8 +221,21 @@ def latest(root: Path) -> Path | None:
     return found[-1] if found else None
 
 
+def write_whole(folder: Path, model: torch.nn.Module, optimizer_state: dict, step: int = 0) -> None:
+    """One process's weights (the trainable ones) and optimizer state into a checkpoint being written."""
+    save_file(trainable_state(model), folder / "weights.safetensors")
+    crash_point("checkpoint:weights", step)
+    torch.save(to_plain(optimizer_state, "optimizer"), folder / "optimizer.pt")
+    crash_point("checkpoint:optimizer", step)
+
+
 def load(path: Path, model: torch.nn.Module) -> tuple[dict, dict[str, Any]]:
     """Load weights into `model`; return (optimizer state, trainer state)."""
+    return load_whole(path, model), read(path / "state.pt")
+
+
+def load_whole(path: Path, model: torch.nn.Module) -> dict:
+    """`write_whole`'s weights into `model` (checked against it first); the optimizer state."""
     weights = load_file(path / "weights.safetensors")
     params = dict(model.named_parameters())
     missing = [n for n, p in params.items() if p.requires_grad and n not in weights]
@@ -243,11 +248,10 @@ def load(path: Path, model: torch.nn.Module) -> tuple[dict, dict[str, Any]]:
             f"other shapes {shapes[:3]}"
         )
     optimizer_state = read(path / "optimizer.pt")
-    state = read(path / "state.pt")
     with torch.no_grad():
         for name, tensor in weights.items():
             params[name].copy_(tensor)
-    return optimizer_state, state
+    return optimizer_state
 
 
 def save_dcp(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: Path) -> None:

@@ -3,13 +3,15 @@
     learner.update(batch, token_weights) -> metrics      # a step: epochs × mini-batches of
         learner.forward_backward(...)                    #   gradients of one mini-batch, micro-batched
         learner.optim_step() -> grad norm                #   apply them (a non-finite update is skipped)
-    learner.state_dict() / load_state_dict()             # optimizer, lr schedule, skip counters
+    learner.state_dict() / load_state_dict()             # lr schedule, skip counters, the teacher
+    learner.save(folder) / load(path)                    # weights and optimizer: its checkpoint files
 
 The shape of the Tinker-style training APIs, so a remote backend can stand here later without
 touching the stages. It knows the loss only through its declared inputs (`PolicyLoss.requires`):
 it fills exactly those (reference log-probs, behaviour log-probs, recorded and live entropies),
 and the loss owns its aggregation (`agg`, `max_len`). Off-policy updates (several mini-batches or
-epochs) take ℓ_old from one forward before the first optimizer step.
+epochs) take ℓ_old from one forward before the first optimizer step. Its forwards are packed
+(train/logprobs.py): rows end to end, a group's prompt and any other common prefix forwarded once.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from adarl.loss.mismatch import correction, ratio_quantiles
 from adarl.rollout.base import Weights
 from adarl.tokens.base import batch_entropies
 from adarl.tokens.entropy import EntropyObserver
+from adarl.train import checkpoint
 from adarl.train.logprobs import Layout, completion_logprobs, layout_for, micro_batches, pack
 from adarl.train.teacher import Teacher
 from adarl.types import Batch, Rollout, shared_span_owners, trainable_masks
@@ -85,8 +88,6 @@ class StepData:
 
 
 class Learner:
-    sharded = False  # a ShardedLearner (train/sharded.py) writes sharded checkpoints
-
     def __init__(self, model: torch.nn.Module, loss: PolicyLoss, cfg: TrainConfig, *, temperature: float,
                  pad_id: int, max_len: int, rng: np.random.Generator, reference: torch.nn.Module | None = None,
                  entropy: EntropyObserver | None = None, teacher: Teacher | None = None):
@@ -355,13 +356,24 @@ class Learner:
         process they are this learner's own module: a generator sampling from it loads nothing."""
         return Weights.of(self.model)
 
-    def load_sharded(self, path: Path, state: dict[str, Any]) -> None:
-        """Weights and optimizer from a sharded checkpoint (`torch.distributed.checkpoint`, written by any
-        number of ranks), then `load_state_dict(state)`."""
-        from adarl.train.checkpoint import load_dcp
+    @property
+    def whole_model(self) -> torch.nn.Module:
+        """The policy whole, as generators sample from it and `final/` is written: in one process, `model`."""
+        return self.model
 
-        load_dcp(self.model, self.optimizer, path)
-        self.load_state_dict(state)
+    def save(self, folder: Path, step: int = 0) -> None:
+        """The weights and optimizer state into a checkpoint being written (train/checkpoint.py: `save`): the
+        trainable weights and the optimizer's state, whole (`weights.safetensors`, `optimizer.pt`)."""
+        checkpoint.write_whole(folder, self.model, self.optimizer.state_dict(), step)
+
+    def load(self, path: Path) -> None:
+        """A checkpoint's weights and optimizer state, as whichever learner wrote them: whole files, or a sharded
+        learner's `torch.distributed.checkpoint` folder (written by any number of ranks). Nothing in it runs
+        code (train/checkpoint.py: `read`). The learner's own state is `load_state_dict`'s."""
+        if checkpoint.is_sharded(path):
+            checkpoint.load_dcp(self.model, self.optimizer, path / checkpoint.SHARDED)
+        else:
+            self.optimizer.load_state_dict(checkpoint.load_whole(path, self.model))
 
     def close(self) -> None:
         """Nothing to release in one process (a ShardedLearner lets the other ranks go)."""

@@ -214,10 +214,9 @@ def _stop_non_finite(t: Any, saved: bool) -> None:
 
 def save_checkpoint(t: Any) -> Path:
     crash_point("checkpoint", t.step)
-    sharded = t.learner.sharded  # each rank writes its shards; else the full weights and optimizer state
-    path = checkpoint.save(t.run_dir / "checkpoints", t.step, t.model,
-                           None if sharded else t.learner.optimizer.state_dict(), state_of(t),
-                           keep=t.recipe.checkpoint.keep, write_sharded=t.learner.save_sharded if sharded else None)
+    # the learner writes its weights and optimizer (whole, or each rank its shards), the run its state
+    path = checkpoint.save(t.run_dir / "checkpoints", t.step, t.learner.save, state_of(t),
+                           keep=t.recipe.checkpoint.keep)
     t.store.to_parquet(t.run_dir / "store.parquet")  # the difficulty store, for users to query
     return path
 
@@ -229,17 +228,9 @@ def resume_from_checkpoint(t: Any) -> bool:
               flush=True)
         return False
     try:
-        if checkpoint.is_sharded(path):  # written by a sharded learner: loads at any world size
-            state = checkpoint.read(path / "state.pt")
-            t.learner.load_sharded(path / checkpoint.SHARDED, state)
-            t.generator.load_weights(t.learner.weights())
-        elif t.learner.sharded:  # written by one process: rank 0 reads it, the ranks shard it
-            state = checkpoint.read(path / "state.pt")
-            t.learner.load_whole(path, state)
-            t.generator.load_weights(t.learner.weights())
-        else:
-            optimizer_state, state = checkpoint.load(path, t.model)
-            t.learner.optimizer.load_state_dict(optimizer_state)
+        state = checkpoint.read(path / "state.pt")  # first: a refused file leaves the weights untouched
+        t.learner.load(path)  # whole or sharded, whichever learner wrote it, at this world size
+        t.generator.load_weights(t.learner.weights())
         load_state(t, state)
     except (RuntimeError, ValueError, KeyError, OSError, EOFError) as err:
         raise ResumeError(f"cannot resume {t.run_dir} from {path.name}: {err}") from err
@@ -250,8 +241,9 @@ def save_final(t: Any) -> None:
     """`final/`: a Hugging Face folder, written under `final.tmp/` and renamed when complete."""
     crash_point("final", t.step)
     weights = t.learner.weights()  # what the learner trained (sharded: gathered into rank 0's copy)
-    if weights.module is not t.model:
-        load_named(t.model, weights.named())
-    checkpoint.save_model(t.run_dir / "final", t.model, t.tokenizer, phase="final", step=t.step)
+    model = t.learner.whole_model
+    if weights.module is not model:
+        load_named(model, weights.named())
+    checkpoint.save_model(t.run_dir / "final", model, t.tokenizer, phase="final", step=t.step)
     # a 135M model's checkpoint is ~1.6 GB with its optimizer state: keep only what a resume needs
     checkpoint.prune(t.run_dir / "checkpoints", t.recipe.checkpoint.keep_final, t.step)

@@ -35,7 +35,7 @@ from torch.distributed.tensor import DTensor
 
 from adarl.rollout.base import Weights
 from adarl.train import rendezvous
-from adarl.train.checkpoint import crash_point, load_dcp, read, save_dcp
+from adarl.train.checkpoint import SHARDED, crash_point, is_sharded, load_dcp, read, save_dcp
 from adarl.train.control import STORE_ERRORS, Control
 from adarl.train.learner import Learner, StepData
 from adarl.train.logprobs import completion_logprobs
@@ -176,8 +176,6 @@ def everywhere(method):
 class ShardedLearner(Learner):
     """The Learner over FSDP2 shards (see the module docstring); `model` is sharded in place."""
 
-    sharded = True
-
     def __init__(self, model: torch.nn.Module, loss, cfg, whole: torch.nn.Module | None = None, **kw: Any):
         """`whole`: rank 0's unsharded copy of a LoRA model (its generator's): the published adapters go
         into it, so only the adapters cross the ranks."""
@@ -258,18 +256,35 @@ class ShardedLearner(Learner):
 
         return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
+    @property
+    def whole_model(self) -> torch.nn.Module:
+        """Rank 0's whole copy of the policy (its generator's; `weights()` gathers the shards into it)."""
+        if self.whole is None:
+            raise ValueError("a sharded learner's whole model is rank 0's: build it with whole=")
+        return self.whole
+
+    def save(self, folder: Path, step: int = 0) -> None:
+        """Every rank writes its shards of the weights and Adam's moments to `folder/sharded` (a DCP folder)."""
+        self._save_dcp(folder / SHARDED)
+        crash_point("checkpoint:weights", step)
+
+    def load(self, path: Path) -> None:
+        """A sharded checkpoint at this world size, or a one-process one sharded as it is read."""
+        if is_sharded(path):
+            self._load_dcp(path / SHARDED)
+        else:
+            self._load_whole(path)
+
     @everywhere
-    def save_sharded(self, path: Path) -> None:
-        """Every rank writes its shards of the weights and Adam's moments to `path` (a DCP folder)."""
+    def _save_dcp(self, path: Path) -> None:
         save_dcp(self.model, self.optimizer, path)
 
     @everywhere
-    def load_sharded(self, path: Path, state: dict[str, Any]) -> None:
+    def _load_dcp(self, path: Path) -> None:
         load_dcp(self.model, self.optimizer, path)
-        Learner.load_state_dict(self, _learner_state(state))
 
     @everywhere
-    def load_whole(self, path: Path, state: dict[str, Any]) -> None:
+    def _load_whole(self, path: Path) -> None:
         """A one-process checkpoint (`weights.safetensors`, `optimizer.pt`) into the shards: rank 0 reads the
         files (the other ranks need not see them) and every rank keeps its part of what it broadcasts."""
         from safetensors.torch import load_file
@@ -299,7 +314,6 @@ class ShardedLearner(Learner):
         options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=not self.lora)
         set_model_state_dict(self.model, weights, options=options)
         set_optimizer_state_dict(self.model, self.optimizer, optim, options=options)
-        Learner.load_state_dict(self, _learner_state(state))
 
     # ------------------------------------------------------------ the update, on this rank's share
 

@@ -55,9 +55,9 @@ class Trainer:
         check_feasible(recipe.budget, len(self.task.train), recipe.task.eval_size, recipe.eval.size,
                        len(self.task.eval))
         self.rewards = build_rewards(recipe)  # in this process, or on remote verifiers
-        self.model, self.tokenizer = load_model(recipe.model, for_training=True)
+        model, self.tokenizer = load_model(recipe.model, for_training=True)  # the learner's (it owns it)
         if recipe.train.gradient_checkpointing:
-            self.model.gradient_checkpointing_enable()
+            model.gradient_checkpointing_enable()
         self.selector = registry.build("select", recipe.select)
         self.allocator = registry.build("allocate", recipe.allocate)
         self.shapings = [registry.build("shaping", spec) for spec in recipe.shaping]
@@ -65,7 +65,7 @@ class Trainer:
         self.hints = registry.build("hints", recipe.hints) if recipe.hints is not None else None
         self.token_weightings = [registry.build("tokens", spec) for spec in recipe.tokens]
         loss = registry.build("loss", recipe.loss)
-        self.generator = build_rollout(recipe, self.model, self.tokenizer,
+        self.generator = build_rollout(recipe, model, self.tokenizer,
                                        problems=self.task.train + self.task.eval)  # an agent's environments
         self.agent = self.generator if recipe.rollout.agent else None
         self.rollouts = build_scheduler(self.generator, recipe.rollout.scheduler)
@@ -77,7 +77,7 @@ class Trainer:
         self.totals = RunTotals()  # token counts over the run, for the cumulative fractions
         self.problems_by_id = {p.id: p for p in self.task.train}
         self.np_rng = np.random.default_rng(recipe.seed)
-        self.learner = build_learner(recipe, self.model, loss, self.generator.pad_id, self.np_rng, self.tokenizer)
+        self.learner = build_learner(recipe, model, loss, self.generator.pad_id, self.np_rng, self.tokenizer)
         # normalised entropy statistics (or None): fitted by the learner on each batch, read by the loss and the sampler
         self.entropy, self.reference = self.learner.entropy, self.learner.reference
         self.logs = RunLogs(self.run_dir, recipe.log.rollouts_every, decode=self.tokenizer.decode)
@@ -86,6 +86,11 @@ class Trainer:
         self.last_advantages: dict[int, float] = {}
         self.last_rungs: dict[str, int] = {}  # prompt id -> the ladder rung its group reached this step
         self.stalled = False  # the last step generated and trained nothing, within a run's token budget
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The policy being trained: the learner's, which owns it, its optimizer and their checkpoints."""
+        return self.learner.whole_model
 
     def messages(self, problem: Problem) -> list[dict[str, str]]:
         """The problem's chat as the policy sees it (an agent's describes its tools)."""
