@@ -91,3 +91,43 @@ def test_a_ray_worker_decodes_as_the_learner_after_several_delta_syncs(tiny_mode
     finally:
         pool.close()
         ray.shutdown()
+
+
+def test_a_lora_runs_workers_are_sent_the_adapters_alone(tiny_model_dir):
+    """LoRA: the workers hold the PEFT model; after the first push (base and adapters) a push carries at most
+    the adapters' bytes, and the worker decodes as the in-process decoder on the learner's PEFT model."""
+    ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'adarl[ray]')")
+    from adarl.cluster import start_private
+    from adarl.cluster.ray_pool import RayRolloutPool
+    from adarl.config import ClusterConfig, ModelConfig, RolloutConfig
+    from adarl.models import load_model
+    from adarl.rollout.base import Weights
+    from adarl.rollout.hf import HfGenerator
+    from adarl.types import Request
+
+    torch.manual_seed(0)
+    model, tok = load_model(ModelConfig(path=str(tiny_model_dir), threads=1,
+                                        lora={"r": 4, "target_modules": ["q_proj", "v_proj"]}), for_training=True)
+    adapter_bytes = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "lora_" in n)
+    cfg = RolloutConfig(backend="hf", max_new_tokens=10)
+    start_private(num_cpus=2)
+    pool = RayRolloutPool(model, tok, cfg, ClusterConfig(backend="ray", workers=1), seed=5)
+    here = HfGenerator(model, tok, cfg, seed=5)
+    reqs = [Request(f"p{i}", tok.encode(f"Say {i} and {i * 3}"), 2) for i in range(3)]
+    try:
+        for _ in range(2):
+            with torch.no_grad():  # an update of the adapters (B = 0 at init: this makes them count)
+                for name, p in model.named_parameters():
+                    if "lora_" in name:
+                        p.add_(torch.randn_like(p) * 0.3)
+            pool.load_weights(Weights.of(model))
+            m = pool.pool_metrics()
+            assert m["cluster/adapters_only"] == 1.0 and 0 < m["cluster/broadcast_mb"] * 2**20 <= adapter_bytes
+            keys = here.new_keys(reqs)
+            ours, theirs = pool.generate(reqs, keys=keys), here.generate(reqs, keys=keys)
+            assert [r.completion_ids for r in ours] == [r.completion_ids for r in theirs]
+            for a, b in zip(ours, theirs, strict=True):
+                np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+    finally:
+        pool.close()
+        ray.shutdown()

@@ -14,13 +14,14 @@ call it exactly as they call `HfGenerator`, and the trainer does not know genera
   generator (`SampleStream`), and sampling is keyed per row (rollout/hf.py): with the same weights
   the pool returns the in-process generator's tokens, however its requests are spread.
 - **Weights.** `load_weights(weights)` moves the policy version and puts the learner's published weights
-  (plain HF names, LoRA merged) in the object store once, as a delta against the version the workers
-  hold (rollout/weights.py: `weight_delta`, per tensor only the words that changed, exact): every worker
-  applies it and answers a one-token generation (its health check). A new or replaced worker is sent the
-  whole weights. What a push sends is in the step's metrics (`cluster/broadcast_mb`, and
-  `cluster/broadcast_fraction` of the whole weights). With async mode's listeners the push waits until the
-  generation thread is paused (`pull_weights`), so no call mixes two policies. A worker stamps the
-  tokens it samples with the version of the weights it holds.
+  (plain HF names) in the object store once, as a delta against the version the workers hold
+  (rollout/weights.py: `weight_delta`, per tensor only the words that changed, exact): every worker
+  applies it and answers a one-token generation (its health check). A new or replaced worker is sent
+  the whole weights. A LoRA run's workers hold the PEFT model (the learner's adapter config): its frozen
+  base is sent once, then its adapters alone (`cluster/adapters_only`). What a push sends is in the
+  step's metrics (`cluster/broadcast_mb`, and `cluster/broadcast_fraction` of the whole weights). With
+  async mode's listeners the push waits until the generation thread is paused (`pull_weights`), so no
+  call mixes two policies. A worker stamps the tokens it samples with the version of the weights it holds.
 - **Partial rollouts.** With `stop_when` (partial and async modes) workers decode in rounds of
   `cluster.round_tokens` steps and the driver evaluates `stop_when` on the whole call between rounds.
   An unfinished row continues from prompt + its tokens with its own key: the same tokens, on any worker.
@@ -85,7 +86,7 @@ class RolloutWorker:
     """
 
     def __init__(self, config: Any, tokenizer: Any, cfg: RolloutConfig, backend: str, threads: int,
-                 index: int = 0, heartbeats: Any = None) -> None:
+                 index: int = 0, heartbeats: Any = None, lora_config: dict | None = None) -> None:
         torch.set_num_threads(threads)  # calls run on this, the actor's main thread
         from transformers import AutoModelForCausalLM
 
@@ -94,6 +95,10 @@ class RolloutWorker:
             delattr(config, "quantization_config")
         self.model = AutoModelForCausalLM.from_config(config, dtype=getattr(config, "dtype", None),
                                                       trust_remote_code=False)
+        if lora_config is not None:  # the learner's adapters on the same layers: they are sent apart
+            from peft import LoraConfig, get_peft_model
+
+            self.model = get_peft_model(self.model, LoraConfig(**lora_config))
         self.model.eval()  # requires_grad stays on, as on the trainer: CPU matmuls then take its kernels
         self.tokenizer, self.cfg, self.backend = tokenizer, cfg, backend
         self.index, self.heartbeats = index, heartbeats
@@ -108,7 +113,9 @@ class RolloutWorker:
     def load_weights(self, delta: dict[str, tuple], version: int, base: int | None = None) -> int:
         """Apply the broadcast `delta` (rollout/weights.py: `weight_delta`) against version `base` (None: the
         whole weights), take `version`; then the health check's generation."""
-        params = self.model.state_dict()
+        # the names weights are sent by: HF checkpoint names for the base, PEFT's for the adapters
+        params = {name.removeprefix("base_model.model.").replace(".base_layer.", "."): t
+                  for name, t in self.model.state_dict().items()}
         if base is None and (missing := [name for name in params if name not in delta]):
             raise KeyError(f"the broadcast weights lack {missing[:3]}")
         if base is not None and base != self.version:
@@ -200,6 +207,8 @@ class RayRolloutPool:
 
         self.model, self.tokenizer, self.cfg, self.cluster = model, tokenizer, cfg, cluster
         self.capabilities = engines.engine_capabilities(cfg.backend, "ray")
+        peft = getattr(model, "peft_config", {}).get("default")  # a LoRA run: the workers hold adapters apart
+        self._lora_config = None if peft is None else {k: v for k, v in peft.to_dict().items() if k != "peft_type"}
         self._source = Weights.of(model)  # the weights the workers are to hold (the learner's latest)
         self.rng = SampleStream(seed)
         self.policy_version = 0
@@ -288,7 +297,8 @@ class RayRolloutPool:
         return {f"cluster/{k}": float(v) for k, v in self.counts.items()} | {
             "cluster/workers": float(len(self.workers)), "cluster/broadcast_s": self.last_broadcast_s,
             "cluster/broadcast_mb": self.last_broadcast_bytes / 2**20,
-            "cluster/broadcast_fraction": self.last_broadcast_bytes / max(self.full_bytes, 1)}
+            "cluster/broadcast_fraction": self.last_broadcast_bytes / max(self.full_bytes, 1)} | (
+            {} if self._lora_config is None else {"cluster/adapters_only": 1.0})
 
     def worker_pids(self) -> list[int]:
         import ray
@@ -467,7 +477,8 @@ class RayRolloutPool:
         return self._actor.options(
             num_cpus=res.num_cpus, num_gpus=res.num_gpus, max_restarts=0,
             scheduling_strategy=PlacementGroupSchedulingStrategy(self._group, placement_group_bundle_index=w),
-        ).remote(self._config, self.tokenizer, self.cfg, self.cfg.backend, threads, w, self._heartbeats)
+        ).remote(self._config, self.tokenizer, self.cfg, self.cfg.backend, threads, w, self._heartbeats,
+                 self._lora_config)
 
     def _push(self) -> None:
         """Broadcast the training model's weights, stamped with the policy version, to every worker: what
@@ -477,7 +488,7 @@ class RayRolloutPool:
 
         with self._lock:
             t0 = time.perf_counter()
-            weights = weights_of(self._source.named())
+            weights = weights_of(self._published())
             delta = weight_delta(self._held, weights)
             base = None if self._held is None or self._held.keys() != weights.keys() else self._held_version
             self.last_broadcast_bytes = delta_bytes(delta)
@@ -493,6 +504,15 @@ class RayRolloutPool:
                     self._replace(i, "no answer to the weight broadcast")
             self._dirty = False
             self.last_broadcast_s = time.perf_counter() - t0
+
+    def _published(self) -> Iterable[tuple[str, torch.Tensor]]:
+        """What the workers hold: the merged weights, or a LoRA run's frozen base and its adapters apart."""
+        if self._lora_config is None:
+            return self._source.named()
+        if self._source.base is None or self._source.adapters is None:
+            raise RuntimeError("a LoRA run's rollout workers hold the adapters apart, and the learner published "
+                               "merged weights only")
+        return [*self._source.base(), *self._source.adapters()]
 
     @staticmethod
     def _wait(ref: Any, timeout: float) -> bool:

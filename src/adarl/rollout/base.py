@@ -102,12 +102,14 @@ class Weights:
     gathers them; a LoRA model's adapted layers merged). `module`: the learner's own model when it
     lives in this process; a generator that samples from that very module loads nothing (the
     declared zero-copy case), any other copies `named()`. `adapters()`: the LoRA adapters alone
-    (name, tensor), for an engine that loads adapters instead of merged weights; None without LoRA.
+    (name, tensor), for an engine that loads adapters instead of merged weights; `base()`: the frozen
+    weights under them (HF names, nothing merged); both None without LoRA.
     """
 
     named: Callable[[], Iterable[tuple[str, Any]]]
     module: Any = None
     adapters: Callable[[], Iterable[tuple[str, Any]]] | None = None
+    base: Callable[[], Iterable[tuple[str, Any]]] | None = None
 
     @classmethod
     def of(cls, module: Any) -> Weights:
@@ -116,7 +118,8 @@ class Weights:
 
         lora = any("lora_" in name for name, _ in module.named_parameters())
         return cls(named=lambda: hf_weights(module), module=module,
-                   adapters=(lambda: adapter_weights(module)) if lora else None)
+                   adapters=(lambda: adapter_weights(module)) if lora else None,
+                   base=(lambda: hf_weights(module, merge=False)) if lora else None)
 
 
 @runtime_checkable
