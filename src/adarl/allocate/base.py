@@ -100,9 +100,20 @@ def accuracy(group: Group) -> float:
     return float(np.mean(group.correct)) if group.size else 0.0
 
 
-class Stateless:
-    """Mixin for allocators that keep nothing across steps (the registry gives every component the
-    no-op `metrics`/`state_dict`/`load_state_dict` it lacks)."""
+class OneRound:
+    """Mixin for allocators whose step is one plan: the selector offers the k prompts asked for, `more` asks
+    for no further round and `finish` trains every group; an allocator overrides what it does otherwise."""
 
     def candidates(self, k: int) -> int:
         return k
+
+    def more(self, groups: list[Group], store: DifficultyStore, budget: Budget) -> dict[PromptId, int]:
+        return {}
+
+    def finish(self, groups: list[Group]) -> list[Group]:
+        return groups
+
+
+class Stateless(OneRound):
+    """Mixin for allocators that keep nothing across steps (the registry gives every component the
+    no-op `metrics`/`state_dict`/`load_state_dict` it lacks)."""

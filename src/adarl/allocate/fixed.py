@@ -14,7 +14,7 @@ from adarl.allocate.base import Stateless, fit
 from adarl.budget import Budget
 from adarl.registry import STRICT, register
 from adarl.select.store import DifficultyStore
-from adarl.types import Group, Problem, PromptId
+from adarl.types import Problem, PromptId
 
 
 @register("allocate", "fixed")
@@ -24,12 +24,6 @@ class Fixed(Stateless):
 
     def plan(self, problems: list[Problem], store: DifficultyStore, budget: Budget) -> dict[PromptId, int]:
         return fit({p.id: self.n for p in problems}, budget, store)
-
-    def more(self, groups: list[Group], store: DifficultyStore, budget: Budget) -> dict[PromptId, int]:
-        return {}
-
-    def finish(self, groups: list[Group]) -> list[Group]:
-        return groups
 
 
 @register("allocate", "brorl")

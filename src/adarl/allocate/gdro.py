@@ -17,17 +17,17 @@ import numpy as np
 from pydantic import Field
 from pydantic.dataclasses import dataclass
 
-from adarl.allocate.base import fit
+from adarl.allocate.base import OneRound, fit
 from adarl.budget import Budget
 from adarl.registry import STRICT, register
 from adarl.select.gdro import difficulty_bins
 from adarl.select.store import DifficultyStore
-from adarl.types import Group, Problem, PromptId
+from adarl.types import Problem, PromptId
 
 
 @register("allocate", "gdro")
 @dataclass(config=STRICT)
-class RolloutGdro:
+class RolloutGdro(OneRound):
     n_mean: float = Field(8.0, gt=0)  # N̄
     n_min: int = Field(4, gt=0)
     n_max: int = Field(32, gt=0)
@@ -39,9 +39,6 @@ class RolloutGdro:
         # μ at which a uniform-weight bin of maximal variance gets exactly N̄
         self.price = 0.25 / (self.bins * self.n_mean**2)
         self._stats: dict[str, float] = {}
-
-    def candidates(self, k: int) -> int:
-        return k
 
     def plan(self, problems: list[Problem], store: DifficultyStore, budget: Budget) -> dict[PromptId, int]:
         idx = np.array([store.index[p.id] for p in problems])
@@ -61,12 +58,6 @@ class RolloutGdro:
         self.price *= float(np.exp(self.price_lr * (mean_n - self.n_mean) / self.n_mean))
         self._stats = {"mean_rollouts": mean_n, "shadow_price": self.price}
         return fit({pr.id: int(n) for pr, n in zip(problems, counts, strict=True)}, budget, store)
-
-    def more(self, groups: list[Group], store: DifficultyStore, budget: Budget) -> dict[PromptId, int]:
-        return {}
-
-    def finish(self, groups: list[Group]) -> list[Group]:
-        return groups
 
     def metrics(self) -> dict[str, Any]:
         return dict(self._stats)

@@ -30,7 +30,7 @@ import numpy as np
 from pydantic import Field, model_validator
 from pydantic.dataclasses import dataclass
 
-from adarl.allocate.base import fit
+from adarl.allocate.base import OneRound, fit
 from adarl.budget import Budget
 from adarl.registry import STRICT, register
 from adarl.select.store import DifficultyStore
@@ -78,7 +78,7 @@ def solve(rates: list[float], min_n: int, max_extra: int, budget: int) -> list[i
 
 @register("allocate", "knapsack")
 @dataclass(config=STRICT)
-class Knapsack:
+class Knapsack(OneRound):
     n: int = Field(8, gt=0)  # uniform's group size: the step's total is n·B; unknown prompts get n
     min_n: int = Field(2, gt=0)  # rollouts of an effective prompt before the DP
     max_n: int = Field(128, gt=0)  # the most a prompt reaches through the DP
@@ -102,9 +102,6 @@ class Knapsack:
         self.records: dict[PromptId, list[Any]] = {}
         self._recorded = True
         self._stats: dict[str, float] = {}
-
-    def candidates(self, k: int) -> int:
-        return k
 
     def estimate(self, q: PromptId) -> float | None:
         """p̂_q, or None while unknown."""
@@ -167,9 +164,6 @@ class Knapsack:
             sizes = [g.size for g in groups] or [0]
             self._stats["rollouts_per_prompt_max"] = float(max(sizes))
         return {}
-
-    def finish(self, groups: list[Group]) -> list[Group]:
-        return groups
 
     def metrics(self) -> dict[str, Any]:
         return dict(self._stats)

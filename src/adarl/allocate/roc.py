@@ -84,9 +84,6 @@ class Roc(Stateless):
     def plan(self, problems: list[Problem], store: DifficultyStore, budget: Budget) -> dict[PromptId, int]:
         return fit({p.id: int(round(self.n * self.oversample)) for p in problems}, budget, store)
 
-    def more(self, groups: list[Group], store: DifficultyStore, budget: Budget) -> dict[PromptId, int]:
-        return {}
-
     def down_sample(self, group: Group) -> Group:
         if group.size <= self.n:
             return group

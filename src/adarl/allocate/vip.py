@@ -37,11 +37,11 @@ import numpy as np
 from pydantic import Field, model_validator
 from pydantic.dataclasses import dataclass
 
-from adarl.allocate.base import fit
+from adarl.allocate.base import OneRound, fit
 from adarl.budget import Budget
 from adarl.registry import STRICT, register
 from adarl.select.store import DifficultyStore
-from adarl.types import Group, Problem, PromptId
+from adarl.types import Problem, PromptId
 
 BINS = 4096  # hashed word-count features of a prompt
 GAMMA = {"grpo": 4e-4, "rloo": 7e-4}
@@ -89,7 +89,7 @@ def allocate(p: np.ndarray, total: int, n_min: int, n_max: int, gamma: float, es
 
 @register("allocate", "vip")
 @dataclass(config=STRICT)
-class Vip:
+class Vip(OneRound):
     n: int = Field(8, gt=0)  # mean rollouts per prompt: the hard budget C = n·B
     n_min: int = Field(4, ge=2)
     n_max: int = Field(32, gt=0)
@@ -113,9 +113,6 @@ class Vip:
         self.means: dict[PromptId, float] = {}  # posterior means carried across steps (reuse_mean)
         self._features: dict[PromptId, np.ndarray] = {}
         self._stats: dict[str, float] = {}
-
-    def candidates(self, k: int) -> int:
-        return k
 
     def _kernel(self, xs: list[PromptId], ys: list[PromptId], store: DifficultyStore) -> np.ndarray:
         if self.distance == "none" or store.problems is None:
@@ -155,12 +152,6 @@ class Vip:
         self._stats = {"predicted_pass_mean": float(p.mean()), "skipped_prompts": float(counts.count(0)),
                        "rollouts_per_prompt_max": float(max(counts))}
         return fit(dict(zip(ids, counts, strict=True)), budget, store)
-
-    def more(self, groups: list[Group], store: DifficultyStore, budget: Budget) -> dict[PromptId, int]:
-        return {}
-
-    def finish(self, groups: list[Group]) -> list[Group]:
-        return groups
 
     def metrics(self) -> dict[str, Any]:
         return dict(self._stats)

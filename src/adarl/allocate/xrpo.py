@@ -80,8 +80,5 @@ class Xrpo(Stateless):
                        "phase1_prompts": float(sum(1 for v in granted.values() if v))}
         return granted
 
-    def finish(self, groups: list[Group]) -> list[Group]:
-        return groups
-
     def metrics(self) -> dict[str, Any]:
         return dict(getattr(self, "_stats", {}))
