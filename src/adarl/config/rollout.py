@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import reprlib
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, field_validator, model_validator
@@ -165,6 +166,20 @@ BranchingConfig = Annotated[EptreeBranching | LatrBranching | TreepoBranching, F
                             BeforeValidator(_default_policy)]
 
 
+def _reads_back(section: str, template: str, slot: str, values: list, parse: Callable[[str], Any],
+                pattern: str, reader: str, default: str) -> None:
+    """Each value written into `template` at `{slot}` must parse back to itself: a sentence the reward cannot
+    read would silently score as "none stated"."""
+    for v in values:
+        try:
+            sentence = template.format(**{slot: v})
+        except (KeyError, IndexError, ValueError) as e:
+            raise ValueError(f"{section}.template {template!r} must hold only {{{slot}}} ({e})") from None
+        if parse(sentence) != v:
+            raise ValueError(f"{section}.template {template!r} states {v} in a sentence {reader} cannot read "
+                             f"(it reads {pattern!r}); use the default {default!r}")
+
+
 class BudgetSentencesConfig(Section):
     """HBPO's budget subgroups (rollout/hbpo.py): each subgroup's answers begin with its budget sentence."""
 
@@ -184,15 +199,8 @@ class BudgetSentencesConfig(Section):
         # would silently score as "no budget"
         from adarl.shaping.hbpo import BUDGET_PATTERN, parse_budget
 
-        for b in self.budgets:
-            try:
-                sentence = self.template.format(b=b)
-            except (KeyError, IndexError, ValueError) as e:
-                raise ValueError(f"budget_sentences.template {self.template!r} must hold only {{b}} ({e})") from None
-            if parse_budget(sentence) != b:
-                raise ValueError(f"budget_sentences.template {self.template!r} states budget {b} in a sentence "
-                                 f"shaping/hbpo.py cannot read (it reads {BUDGET_PATTERN.pattern!r}); "
-                                 "use the default 'I will answer the question within {b} tokens. '")
+        _reads_back("budget_sentences", self.template, "b", self.budgets, parse_budget, BUDGET_PATTERN.pattern,
+                    "shaping/hbpo.py", "I will answer the question within {b} tokens. ")
         return self
 
 
@@ -210,14 +218,8 @@ class EffortSentencesConfig(Section):
         for r in self.efforts:
             if not 0.0 < r <= 1.0:
                 raise ValueError(f"effort_sentences.efforts holds {r}: each effort is a share in (0, 1]")
-            try:
-                sentence = self.template.format(r=r)
-            except (KeyError, IndexError, ValueError) as e:
-                raise ValueError(f"effort_sentences.template {self.template!r} must hold only {{r}} ({e})") from None
-            if parse_effort(sentence) != r:
-                raise ValueError(f"effort_sentences.template {self.template!r} states effort {r} in a sentence "
-                                 f"shaping/e1.py cannot read (it reads {EFFORT_PATTERN.pattern!r}); use the "
-                                 "default 'Effort: {r}. '")
+        _reads_back("effort_sentences", self.template, "r", self.efforts, parse_effort, EFFORT_PATTERN.pattern,
+                    "shaping/e1.py", "Effort: {r}. ")
         return self
 
 
