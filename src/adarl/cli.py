@@ -372,7 +372,7 @@ def eval_(
     from adarl.rollout.engines import ENGINES
 
     if backend not in (None, *ENGINES, "auto"):
-        _fail(f"--backend {backend}: choose {', '.join(ENGINES)} or auto")
+        _fail(f"--backend {backend}: choose {', '.join(sorted(ENGINES))} or auto")
     try:
         ks = ev.parse_ks(k)
         target = ev.resolve_target(model_or_run)

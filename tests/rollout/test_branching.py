@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from adarl.config import RolloutConfig
 from adarl.rollout.branching import BranchingGenerator, fork_points, split_at
 from adarl.rollout.scheduler import RolloutScheduler
 from adarl.types import Request, Rollout, Span, sampled_tokens, trainable_masks
@@ -19,6 +20,7 @@ class Scripted:
 
     capabilities = frozenset({"stop_strings"})
     metrics = staticmethod(dict)  # the contract: nothing to report
+    cfg = RolloutConfig()  # the contract: the rollout section it was built with
 
     def __init__(self):
         self.tokenizer = make_tiny_tokenizer()

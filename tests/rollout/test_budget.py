@@ -35,6 +35,7 @@ class _Tokenizer:
 class FakeGenerator:
     capabilities = frozenset({"stop_strings", "replica"})
     metrics = staticmethod(dict)  # the contract: nothing to report
+    entropy_stats = None  # `replica` declares it (what a generation copy samples with)
 
     def __init__(self) -> None:
         self.policy_version = 0

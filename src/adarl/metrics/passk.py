@@ -11,6 +11,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from adarl.metrics.progress import RowsBar
+from adarl.rollout.base import Wrapper
 from adarl.types import Group, Request
 
 
@@ -88,7 +89,8 @@ def score_problems(generator: Any, rewards: Any, problems: list, prompt_ids: dic
     stream is where it was before (a held-out evaluation never shifts the training stream)."""
     stream = generator.rng.get_state() if keep_stream else None
     try:
-        return _score(getattr(generator, "unbranched", generator), rewards, problems, prompt_ids, n,
+        return _score(generator.unbranched if isinstance(generator, Wrapper) else generator, rewards, problems,
+                      prompt_ids, n,
                       max_new_tokens, label, progress)  # evaluation samples independently (no tree)
     finally:
         if stream is not None:

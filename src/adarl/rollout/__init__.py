@@ -19,10 +19,11 @@ def build_generator(model: Any, tokenizer: Any, cfg: RolloutConfig, seed: int = 
         generator = engine
     elif ":" in cfg.backend:  # an engine of the user's, by import path: the contract is checked here
         generator = build_engine(cfg.backend, model, tokenizer, cfg, seed)
-    else:  # a built-in engine: its row of the table (rollout/engines.py)
+    else:  # a built-in engine: its row of the table (rollout/engines.py); auto resolved as a run resolves it
+        from adarl.config import pick_backend
         from adarl.rollout import engines
 
-        generator = engines.build(cfg.backend, model, tokenizer, cfg, seed)
+        generator = engines.build(pick_backend(cfg), model, tokenizer, cfg, seed)
     if cfg.branching is not None:
         return build_branching(generator, cfg.branching)
     if cfg.budget_sentences is not None:

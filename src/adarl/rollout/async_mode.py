@@ -47,7 +47,7 @@ import numpy as np
 import torch
 
 from adarl.config import SchedulerConfig
-from adarl.rollout.base import Generator, Progress
+from adarl.rollout.base import Generator, Progress, capable
 from adarl.rollout.scheduler import (
     RolloutScheduler,
     Spares,
@@ -197,7 +197,7 @@ class AsyncRolloutScheduler(RolloutScheduler):
         if self._thread is not None:
             return
         gen = self.generator
-        if not hasattr(gen, "replica"):
+        if not capable(gen, "replica"):
             raise TypeError(f"async mode needs a generator that can copy itself for a thread ({type(gen).__name__} "
                             "cannot); use rollout.backend: hf")
         self._worker = gen.replica()
@@ -261,7 +261,7 @@ class AsyncRolloutScheduler(RolloutScheduler):
                     row_group = [work[gi].id for gi, _ in slots]
                     worker = self._worker
                     assert worker is not None
-                    worker.entropy_stats = getattr(self.generator, "entropy_stats", None)
+                    worker.entropy_stats = self.generator.entropy_stats  # `replica` declares it
                     self._busy = True
                 results: list[Rollout] | None = None
                 try:

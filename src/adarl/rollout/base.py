@@ -28,6 +28,7 @@ built-in engine is such a module plus one row of the table of engines (rollout/e
                                          `version` (default: one more); later samples use them
     policy_version: int                  the version of the weights it samples with (stamped on tokens)
     tokenizer, pad_id                    the policy's tokenizer and its padding id
+    cfg                                  the rollout section it was built with (`max_new_tokens`, `stop`)
     rng                                  the sampling stream (`get_state` / `set_state`), checkpointed
     state_dict() / load_state_dict(s)    what a resume needs to continue the same sample stream
     metrics() -> dict[str, float]        what its last `generate` call did (counts add up over a step)
@@ -127,6 +128,7 @@ class Generator(Protocol):
     """The contract (see the module docstring)."""
 
     capabilities: frozenset[str]
+    cfg: Any
     tokenizer: Any
     pad_id: int
     policy_version: int
@@ -199,8 +201,12 @@ class Wrapper:
         return self.generator.rng
 
     @property
-    def cfg(self) -> Any:  # the rollout section the engine was built with, where it has one
-        return getattr(self.generator, "cfg", None)
+    def cfg(self) -> Any:  # the rollout section the engine was built with
+        return self.generator.cfg
+
+    @property
+    def unbranched(self) -> Any:  # what evaluation samples with: a tree sampler or budget sentences unwrap
+        return self
 
     def new_keys(self, requests: Sequence[Request]) -> list[int]:
         return self.generator.new_keys(requests)
@@ -259,5 +265,9 @@ class Wrapper:
         return self.generator.pool_metrics()
 
     @property
-    def max_batch(self) -> int | None:  # rows decoded together, where the engine has a limit
-        return getattr(self.generator, "max_batch", None)
+    def max_batch(self) -> int:  # batch_limit
+        return self.generator.max_batch
+
+    @property
+    def last_discarded_tokens(self) -> int:  # discards
+        return self.generator.last_discarded_tokens

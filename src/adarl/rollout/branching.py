@@ -112,6 +112,8 @@ class TreeGenerator(Wrapper):
     `grow(requests, max_new) -> one list of leaves per request` using `sample`, and may add its
     own metrics to `self._stats`."""
 
+    last_discarded_tokens = 0  # set by each call (the `discards` ability): a plain attribute here
+
     def __init__(self, generator: Any) -> None:
         self.generator = generator
         self._metrics: dict[str, float] = {}
@@ -122,6 +124,10 @@ class TreeGenerator(Wrapper):
 
     def metrics(self) -> dict[str, float]:
         return dict(self._metrics)
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        return self.generator.capabilities | {"discards"}  # tokens of pruned branches (`last_discarded_tokens`)
 
     @property
     def unbranched(self) -> Any:
@@ -158,8 +164,7 @@ class TreeGenerator(Wrapper):
         wait in its buffer."""
         if greedy:  # one greedy answer per row: nothing to branch
             return self.generator.generate(requests, greedy=True, max_new_tokens=max_new_tokens)
-        cfg = getattr(self.generator, "cfg", None)  # the engine's rollout section, where it has one
-        max_new = max_new_tokens or getattr(cfg, "max_new_tokens", None)
+        max_new = max_new_tokens or self.generator.cfg.max_new_tokens
         first_row = np.cumsum([0] + [r.n for r in requests])  # of each request
         going = [j for j, r in enumerate(requests) if r.prefix_ids]
         fresh = [j for j, r in enumerate(requests) if not r.prefix_ids]

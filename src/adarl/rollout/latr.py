@@ -118,7 +118,7 @@ class LatrGenerator(TreeGenerator):
         return [v for s, v in self.mix_schedule.items() if s <= step][-1] if self.mix_schedule else 1.0
 
     def _top2(self, count: int) -> list[list[tuple[int, float, int, float]]]:
-        got = getattr(self.generator, "last_top2", None)
+        got = self.generator.last_top2  # `top2`, checked when built
         return got if got is not None and len(got) == count else [[] for _ in range(count)]
 
     def grow(self, requests: list[Request], max_new: int | None) -> list[list[Rollout]]:
@@ -167,7 +167,7 @@ class LatrGenerator(TreeGenerator):
             pr = parent.rollout
             entropy = pr.entropies[pos] if pr.entropies is not None else None
             forced = Span("model", [token], [logp], None if entropy is None else [entropy],
-                          [getattr(self.generator, "policy_version", 0)])
+                          [self.generator.policy_version])
             child = Rollout(pr.prompt_id, finish_reason="partial", spans=[], policy_version=pr.policy_version)
             self._spent += 1  # the forced token is a sampled token of the tree: it is paid for
             live.append((i, _Branch(child, [], pr, pos, [forced])))

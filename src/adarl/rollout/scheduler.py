@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from adarl.config import SchedulerConfig
-from adarl.rollout.base import Generator, Progress, StopWhen
+from adarl.rollout.base import Generator, Progress, StopWhen, capable
 from adarl.types import Generated, Request, Rollout, StageResult, sampled_tokens
 
 # the keys of `metrics()` that count what one call did (a step with several calls adds them up)
@@ -194,7 +194,7 @@ class RolloutScheduler:
         for r in rollouts:
             r.stamp_versions()
         # a prefix shared by branches is paid once; a branch sampled then dropped (pruned) is paid too
-        tokens = float(sampled_tokens(rollouts) + getattr(self.generator, "last_discarded_tokens", 0))
+        tokens = float(sampled_tokens(rollouts) + self._discarded())
         groups, offset = [], 0
         for req in requests:  # each request's rows are consecutive
             done = [r for r in rollouts[offset:offset + req.n] if r.finish_reason not in ("partial", "censored")]
@@ -249,7 +249,7 @@ class RolloutScheduler:
     def _count_censored(self, censored: int) -> None:
         """`rollouts_censored`: rollouts left out because their environment failed (never scored 0);
         an agent's steps report it even when 0."""
-        if censored or hasattr(self.generator, "env_factory"):
+        if censored or capable(self.generator, "environments"):
             self._metrics["rollouts_censored"] = float(censored)
 
     def _result(self, chosen: list[_Group]) -> StageResult:
@@ -276,7 +276,7 @@ class RolloutScheduler:
         if not requests or (max_tokens is not None and max_tokens <= 0):
             return 0
         stop_when: StopWhen | None = None
-        max_batch = getattr(self.generator, "max_batch", None)
+        max_batch = self.generator.max_batch if capable(self.generator, "batch_limit") else None
         if target is not None and max_batch is not None and not self._warned_batch:
             rows = len(slots)
             if rows > max_batch:
@@ -298,7 +298,11 @@ class RolloutScheduler:
         for (gi, i), new in zip(slots, results, strict=True):
             groups[gi].rollouts[i] = _join(groups[gi].rollouts[i], new)
         # a tree's shared prefix is paid once; a branch sampled then dropped (pruned) is paid too
-        return sampled_tokens(results) + getattr(self.generator, "last_discarded_tokens", 0)
+        return sampled_tokens(results) + self._discarded()
+
+    def _discarded(self) -> int:
+        """Tokens the generator's last call sampled into no returned rollout (a tree sampler's pruned branches)."""
+        return self.generator.last_discarded_tokens if capable(self.generator, "discards") else 0
 
     # ---------------------------------------------------------------- async mode
 

@@ -97,6 +97,10 @@ class AgentGenerator(Wrapper):
     # wait in line behind the tool workers (an OpenEnv reset is mostly a wait on its server)
     RESET_WORKERS = 64
 
+    @property
+    def capabilities(self) -> frozenset[str]:
+        return self.generator.capabilities | {"environments"}  # their failures censor rollouts
+
     def __init__(self, generator: Any, env_factory: Callable[[], Any], problems: Mapping[str, Problem], *,
                  parser: str = "tool_call", max_turns: int = 4, max_tool_calls: int = 8, tool_timeout_s: float = 10.0,
                  max_tool_output_tokens: int = 256, max_context_tokens: int = 1024, tool_workers: int = 4,
