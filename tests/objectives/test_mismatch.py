@@ -248,3 +248,20 @@ def test_the_run_report_draws_the_mismatch_kl_and_the_masked_fraction(tmp_path) 
     titles = ("Sampler/learner mismatch KL vs generated tokens", "Mismatch correction: masked fraction")
     assert all(t in text for t in titles) and not any(t in plain for t in titles)
     assert text.count("data:image/png") == plain.count("data:image/png") + 2
+
+
+def test_sharded_ranks_pool_their_ratios_before_the_quantiles(monkeypatch) -> None:
+    """Two ranks hold [0.5, 1] and [2, 4] (as log w): the quantiles are of all four, so the max is 4, not rank
+    0's 1 (collectives faked: every rank's list is what `all_gather_object` would return)."""
+    from adarl.train import sharded
+
+    rank0, rank1 = np.log([0.5, 1.0]), np.log([2.0, 4.0])
+
+    def all_gather_object(out: list, mine: np.ndarray) -> None:
+        out[:] = [mine, rank1]
+
+    monkeypatch.setattr(sharded.dist, "all_gather_object", all_gather_object)
+    learner = sharded.ShardedLearner.__new__(sharded.ShardedLearner)
+    learner.world = 2
+    got = ratio_quantiles(learner._gather(rank0))
+    assert got["mismatch/ratio_max"] == pytest.approx(4.0) and got["mismatch/ratio_p50"] == pytest.approx(1.5)
