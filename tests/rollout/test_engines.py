@@ -87,3 +87,12 @@ def test_no_module_but_the_table_names_an_engine_class_to_build():
     offenders = [p.relative_to(SRC).as_posix() for p in SRC.rglob("*.py")
                  if p.relative_to(SRC).as_posix() not in own and pattern.search(p.read_text())]
     assert offenders == []
+
+
+def test_no_capability_probes_on_generators():
+    """Optional abilities are declared (rollout/base.py: CAPABILITIES) and asked with `capable`, never probed."""
+    probe = re.compile(r"\b(hasattr|getattr)\(\s*(self\.)?(generator|gen|engine|worker)\b")
+    found = [f"{p.relative_to(SRC).as_posix()}:{i}" for p in SRC.rglob("*.py")
+             for i, line in enumerate(p.read_text().splitlines(), 1)
+             if probe.search(line) and "for m in declared" not in line]  # that one is the contract check
+    assert found == []
