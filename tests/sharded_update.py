@@ -48,6 +48,8 @@ def main() -> None:
     ap.add_argument("--mini-batches", type=int, default=1)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--mixed-precision", default="no", choices=["no", "bf16"])
+    ap.add_argument("--cpu-offload", action="store_true", help="fsdp2: shards and optimizer state on the host")
     ap.add_argument("--save-after", type=int, default=0, help="write a sharded checkpoint after this step")
     ap.add_argument("--checkpoint", type=Path, help="the checkpoint folder to write or --resume from")
     ap.add_argument("--resume", action="store_true", help="load --checkpoint, then run the steps after it")
@@ -74,7 +76,8 @@ def run(args: argparse.Namespace, agg: str, bug: str = "") -> dict | None:
     torch.set_num_threads(1)
     model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.float32)
     cfg = TrainConfig(lr=args.lr, micro_batch_tokens=args.micro_batch_tokens, mini_batches=args.mini_batches,
-                      max_grad_norm=None, parallel=args.parallel)
+                      max_grad_norm=None, parallel=args.parallel, mixed_precision=args.mixed_precision,
+                      cpu_offload=args.cpu_offload)
     loss = registry.build("loss", {"name": "ppo_clip", "agg": agg})
     kw = dict(temperature=1.0, pad_id=2, max_len=17, rng=np.random.default_rng(0))
     if args.parallel == "fsdp2":
@@ -97,6 +100,10 @@ def run(args: argparse.Namespace, agg: str, bug: str = "") -> dict | None:
     if getattr(learner, "rank", 0) != 0:  # the other ranks run rank 0's calls until it closes
         learner.serve()
         return None
+    # the dtype a layer's weights have while it computes (FSDP2 gathers them in its mixed-precision dtype)
+    dtypes: set[str] = set()
+    q_proj = next(m for name, m in model.named_modules() if name.endswith("q_proj"))
+    q_proj.register_forward_pre_hook(lambda module, _: dtypes.add(str(module.weight.dtype)))
     first = 0
     if args.resume:
         state = torch.load(args.checkpoint / "state.pt", weights_only=False)
@@ -119,7 +126,7 @@ def run(args: argparse.Namespace, agg: str, bug: str = "") -> dict | None:
         learner.close()
     else:
         weights = {n: p.detach().clone() for n, p in model.state_dict().items()}
-    return {"weights": weights, "grad_norm": grad_norms, "saved_weights": saved}
+    return {"weights": weights, "grad_norm": grad_norms, "saved_weights": saved, "compute_dtypes": sorted(dtypes)}
 
 
 if __name__ == "__main__":
