@@ -29,6 +29,11 @@ error and the next one runs.
    same batch: the weights after one float32 update (they must agree within 1e-5), then the median update
    time of 3 after a warm-up and the peak device memory of each; then both again in bf16 mixed precision.
    What FSDP2 costs before it shards anything.
+6. `vllm` (wherever vLLM is importable; skipped otherwise): three `Trainer.train_step()`s of the tiny model
+   with `rollout.backend: vllm` colocated on `--device`, full weights and then LoRA adapters (r 8 on q and v):
+   per step the engine's sleeps and wakes (one each on a GPU, none on the CPU build), weight pushes, push
+   seconds and MB, whether the adapters alone were sent, generation seconds, the sampler/learner mismatch
+   and peak device memory.
 """
 
 from __future__ import annotations
@@ -584,6 +589,42 @@ def profile(device: torch.device, quick: bool) -> dict[str, Any]:
     return out
 
 
+# ---------------------------------------------------------------- 6. vLLM colocated with the learner
+
+
+def vllm_colocated(device: torch.device, work: Path) -> dict[str, Any]:
+    """Three trainer steps on vLLM (the engine beside the learner on `device`), full weights and LoRA."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        return {"skipped": "vLLM is not importable here"}
+    from adarl.config import LoraConfig
+    from adarl.rollout.base import innermost
+    from adarl.train.trainer import Trainer
+
+    model_dir, task = write_run_files(work / "tiny-vllm", TINY, torch.float32,
+                                      prompt_texts(40, 12, TINY["vocab_size"], 2), device)
+    out: dict[str, Any] = {}
+    for label, lora in (("full", None), ("lora", LoraConfig(r=8, target_modules=["q_proj", "v_proj"]))):
+        recipe = trainer_recipe(model_dir, task, device, "float32", 4, 8, 24, 3)
+        recipe.rollout.backend = "vllm"
+        recipe.rollout.vllm.kv_cache_gib = 1.0  # the CPU build's KV cache
+        recipe.model.lora = lora
+        trainer = Trainer(recipe, work / f"run-vllm-{label}")
+        try:
+            rows = [trainer.train_step() for _ in range(3)]
+        finally:
+            innermost(trainer.generator).close()
+            trainer.rewards.close()
+        keys = ("vllm/sleeps", "vllm/wakes", "vllm/weight_pushes", "vllm/push_s", "vllm/push_mb",
+                "vllm/adapters_only", "generate_s", "train_s", "weight_sync_s", "behaviour_logp_gap",
+                "sampler_kl_k3", "peak_device_memory_gib")
+        out[label] = {"rows": [{k: float(r[k]) for k in keys if k in r} for r in rows]}
+        del trainer
+        gc.collect()
+    return out
+
+
 # ---------------------------------------------------------------- main
 
 
@@ -591,7 +632,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--quick", action="store_true", help="small shapes and batches (a CPU, a test)")
-    parser.add_argument("--sections", default="equality,trainer,shapes,vs_trl,fsdp2")
+    parser.add_argument("--sections", default="equality,trainer,shapes,vs_trl,fsdp2,vllm")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     device = torch.device(args.device)
@@ -605,7 +646,7 @@ def main() -> None:
         sections = {"equality": lambda: equality(device), "trainer": lambda: trainer_steps(device, work),
                     "shapes": lambda: shapes(device, args.quick, result["card"]),
                     "vs_trl": lambda: vs_trl(device, args.quick, work), "fsdp2": lambda: fsdp2(device, args.quick),
-                    "profile": lambda: profile(device, args.quick)}
+                    "profile": lambda: profile(device, args.quick), "vllm": lambda: vllm_colocated(device, work)}
         for name in args.sections.split(","):
             t0 = time.perf_counter()
             try:

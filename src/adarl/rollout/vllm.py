@@ -250,8 +250,9 @@ class VllmGenerator:
         finally:
             shutil.rmtree(folder, ignore_errors=True)  # the engine holds the weights now
             _forget_import_tracebacks()
-        if self._adapters:
+        if self._adapters:  # the first adapters (the engine was built from the base alone)
             self._push()
+            self._sync = dict.fromkeys(self._sync, 0.0)  # a step's counts start with its first update
 
     def _lora_args(self) -> dict[str, Any]:
         if not self._adapters:
