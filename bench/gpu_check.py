@@ -34,6 +34,12 @@ error and the next one runs.
    per step the engine's sleeps and wakes (one each on a GPU, none on the CPU build), weight pushes, push
    seconds and MB, whether the adapters alone were sent, generation seconds, the sampler/learner mismatch
    and peak device memory.
+7. `packing` (issue 50): the policy update of the 0.5B and 1.5B shapes (bf16 mixed precision) on one batch of
+   8 rollouts a prompt, its forwards laid out as one right-padded row per rollout (`padded`, before issue 50),
+   end to end (`packed`), and end to end with each group's prompt forwarded once (`shared`, at rows of
+   `ROW_TOKENS` 1024 and 4096): the update's seconds, real tokens/s (the rollouts' prompt and completion
+   tokens over the update's time, as `shapes` counts them) and an MFU counting only the FLOPs the update
+   needs (each prompt once, causal attention only), at a prompt-heavy shape (512 + 64) and `shapes`' (128 + 384).
 """
 
 from __future__ import annotations
@@ -545,6 +551,83 @@ def fsdp2(device: torch.device, quick: bool) -> dict[str, Any]:
     return out
 
 
+# ---------------------------------------------------------------- 7. the update's layouts, padded to shared
+
+
+def needed_flops(shape: dict, params: int, groups: int, n: int, prompt_len: int, completion_len: int) -> float:
+    """The FLOPs of one update that are needed: forward + backward (6 a parameter a token) of each prompt once and
+    every completion, the head on completion tokens only, attention over the keys each token sees causally
+    (12·h a query-key pair per layer, forward and backward)."""
+    h, layers = shape["hidden_size"], shape["num_hidden_layers"]
+    head = shape["vocab_size"] * h
+    tokens = groups * (prompt_len + n * completion_len)
+    pairs = groups * (prompt_len * (prompt_len + 1) // 2
+                      + n * (completion_len * prompt_len + completion_len * (completion_len + 1) // 2))
+    return 6 * (params - head) * tokens + 6 * head * groups * n * completion_len + 12 * layers * h * pairs
+
+
+def layout_speeds(model, device: torch.device, rows: int, prompt_len: int, completion_len: int, shape: dict,
+                  peak_flops: float | None) -> dict[str, Any]:
+    from adarl import registry
+    from adarl.config import TrainConfig
+    from adarl.train import logprobs
+    from adarl.train.learner import Learner
+
+    batch = synthetic_batch(rows, prompt_len, completion_len, shape["vocab_size"])  # groups of 8
+    cfg = TrainConfig(lr=1e-6, micro_batch_tokens=16 * (prompt_len + completion_len), mixed_precision="bf16")
+    params = sum(p.numel() for p in model.parameters())
+    needed = needed_flops(shape, params, rows // 8, 8, prompt_len, completion_len)
+    out: dict[str, Any] = {"rows": rows, "prompt_len": prompt_len, "completion_len": completion_len,
+                           "micro_batch_tokens": cfg.micro_batch_tokens, "needed_flops": needed}
+    default_row = logprobs.ROW_TOKENS
+    try:
+        for label, layout, row_tokens in (("padded", "padded", default_row), ("packed", "packed", default_row),
+                                          ("shared", "shared", 1024), ("shared_rows_4096", "shared", 4096)):
+            logprobs.ROW_TOKENS = row_tokens
+            learner = Learner(model, registry.build("loss", {"name": "ppo_clip"}), cfg, temperature=1.0, pad_id=2,
+                              max_len=completion_len, rng=np.random.default_rng(0))
+            learner.layout = layout
+            learner.update(batch)  # warm-up
+            reset_peak(device)
+            times = []
+            for _ in range(2):
+                sync(device)
+                t0 = time.perf_counter()
+                learner.update(batch)
+                sync(device)
+                times.append(time.perf_counter() - t0)
+            seconds = min(times)
+            out[label] = {"seconds": seconds, "real_tokens_per_s": rows * (prompt_len + completion_len) / seconds,
+                          "mfu_needed": needed / seconds / peak_flops if peak_flops else None,
+                          "row_tokens": row_tokens, "peak_memory_gib": peak_memory_gib(device)}
+            del learner
+            gc.collect()
+    finally:
+        logprobs.ROW_TOKENS = default_row
+    for label in ("packed", "shared", "shared_rows_4096"):
+        out[label]["tokens_per_s_vs_padded"] = out[label]["real_tokens_per_s"] / out["padded"]["real_tokens_per_s"]
+    return out
+
+
+def packing(device: torch.device, quick: bool, info: dict) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, shape in (QUICK if quick else QWEN).items():
+        res: dict[str, Any] = {}
+        try:
+            model = random_model(shape, torch.float32, device)
+            for sizes in ((16, 16, 8),) if quick else ((64, 512, 64), (64, 128, 384)):  # rows, prompt, completion
+                peak = info.get("peak_bf16_flops")
+                res["x".join(map(str, sizes))] = layout_speeds(model, device, *sizes, shape, peak)
+            del model
+        except Exception as err:  # noqa: BLE001 - one shape's failure must not lose the others
+            res["error"] = f"{type(err).__name__}: {err}"
+            res["traceback"] = traceback.format_exc()[-3000:]
+        reset_peak(device)
+        out[name] = res
+        print(name, json.dumps({k: v for k, v in res.items() if k != "traceback"}, default=str)[:2000], flush=True)
+    return out
+
+
 # ---------------------------------------------------------------- profile: where a decode step's time goes
 
 
@@ -632,7 +715,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--quick", action="store_true", help="small shapes and batches (a CPU, a test)")
-    parser.add_argument("--sections", default="equality,trainer,shapes,vs_trl,fsdp2,vllm")
+    parser.add_argument("--sections", default="equality,trainer,shapes,vs_trl,fsdp2,vllm,packing")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     device = torch.device(args.device)
@@ -646,7 +729,8 @@ def main() -> None:
         sections = {"equality": lambda: equality(device), "trainer": lambda: trainer_steps(device, work),
                     "shapes": lambda: shapes(device, args.quick, result["card"]),
                     "vs_trl": lambda: vs_trl(device, args.quick, work), "fsdp2": lambda: fsdp2(device, args.quick),
-                    "profile": lambda: profile(device, args.quick), "vllm": lambda: vllm_colocated(device, work)}
+                    "profile": lambda: profile(device, args.quick), "vllm": lambda: vllm_colocated(device, work),
+                    "packing": lambda: packing(device, args.quick, result["card"])}
         for name in args.sections.split(","):
             t0 = time.perf_counter()
             try:
