@@ -348,6 +348,7 @@ def update_speed(model, device: torch.device, rows: int, prompt_len: int, comple
                       fp32_lm_head=fp32_lm_head)
     learner = Learner(model, registry.build("loss", {"name": "ppo_clip"}), cfg, temperature=1.0, pad_id=2,
                       max_len=completion_len, rng=np.random.default_rng(0))
+    learner.layout = "padded"  # the rows these figures have always counted; `packing` measures the others
     logprobs.FUSED_HEAD = fused_head
     try:  # the switch is process-wide: restored even when an update fails (the next shape runs on)
         learner.update(batch)  # warm-up: kernels, the optimizer's moments
