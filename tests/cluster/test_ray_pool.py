@@ -216,7 +216,10 @@ def test_a_trainer_on_the_pool_trains_on_the_in_process_groups(tiny_model_dir, t
     local = Trainer(load_recipe(data=_recipe(tiny_model_dir, task)), tmp_path / "local")
     cluster = {"backend": "ray", "workers": 2, "resources": {"num_cpus": 0.5, "threads": 1},
                "verifiers": 1, "verifier_cpus": 0.5}  # rewards scored on a verifier actor too
-    pooled = Trainer(load_recipe(data=_recipe(tiny_model_dir, task, cluster=cluster)), tmp_path / "ray")
+    # the same objective on both sides: Ray workers are not the learner's forward, so the pool would weigh by
+    # π_old/π_beh (train.mismatch, on by default there) where the in-process hf run does not
+    pooled = Trainer(load_recipe(data=_recipe(tiny_model_dir, task, cluster=cluster,
+                                              train={"mismatch": {"correct": False}})), tmp_path / "ray")
     try:
         for _ in range(3):
             a, b = local.train_step(), pooled.train_step()
