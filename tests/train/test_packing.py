@@ -17,7 +17,7 @@ from adarl import registry
 from adarl.config import TrainConfig
 from adarl.train import logprobs
 from adarl.train.learner import Learner
-from adarl.train.logprobs import _tree_mask, completion_logprobs, layout_for, micro_batches, pack
+from adarl.train.logprobs import _tree_mask, completion_logprobs, completion_topk, layout_for, micro_batches, pack
 from adarl.types import Batch, Group, Problem, Rollout, Span
 
 pytestmark = pytest.mark.model
@@ -165,11 +165,14 @@ def _batch(case: str, seed: int = 3) -> Batch:
     return Batch(out, advantages=torch.randn(n, generator=g).numpy().astype(np.float64))
 
 
-def _update(case: str, layout: str | None, micro_batch_tokens: int = 40, mini_batches: int = 1, kind: str = "llama"):
+def _update(case: str, layout: str | None, micro_batch_tokens: int = 40, mini_batches: int = 1, kind: str = "llama",
+            kl_coef: float = 0.0):
     model = _model(kind)
-    loss = registry.build("loss", {"name": "ppo_clip", "agg": "token-mean"})
+    loss = registry.build("loss", {"name": "ppo_clip", "agg": "token-mean", "kl_coef": kl_coef})
     cfg = TrainConfig(lr=1e-3, max_grad_norm=None, micro_batch_tokens=micro_batch_tokens, mini_batches=mini_batches)
-    learner = Learner(model, loss, cfg, temperature=1.0, pad_id=0, max_len=32, rng=np.random.default_rng(0))
+    reference = _model(kind, seed=1) if kl_coef else None  # another model: its log-probs differ from the policy's
+    learner = Learner(model, loss, cfg, temperature=1.0, pad_id=0, max_len=32, rng=np.random.default_rng(0),
+                      reference=reference)
     learner.layout = layout
     grads: list[dict[str, torch.Tensor]] = []
 
@@ -198,6 +201,24 @@ def test_off_policy_mini_batches_on_qwen2_equal_the_padded_ones():
     assert len(got) == len(ref) == 2
     for g, r in zip(got, ref, strict=True):
         _assert_close(g, r)
+
+
+def test_the_reference_forward_is_packed_alike():
+    ref_row, ref = _update("tree", "padded", kl_coef=0.5)
+    row, got = _update("tree", None, kl_coef=0.5)
+    assert row["kl"] == pytest.approx(ref_row["kl"], rel=1e-5) and row["kl"] > 0
+    _assert_close(got[0], ref[0])
+
+
+def test_a_teachers_top_k_is_packed_alike():
+    model = _model("qwen2")
+    prompts, completions = _rows()
+    ref = completion_topk(model, pack(prompts, completions, 0), 0.7, chunk=4, k=3)
+    got = completion_topk(model, pack(prompts, completions, 0, "shared"), 0.7, chunk=4, k=3)
+    mask = pack(prompts, completions, 0).completion_mask
+    torch.testing.assert_close(got[0][mask], ref[0][mask], rtol=1e-5, atol=1e-5)
+    assert torch.equal(got[1][mask], ref[1][mask])
+    torch.testing.assert_close(got[2][mask], ref[2][mask], rtol=1e-5, atol=1e-5)
 
 
 def test_a_continuation_one_position_off_is_caught(monkeypatch):
