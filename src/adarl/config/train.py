@@ -63,7 +63,7 @@ class TrainConfig(Section):
     warmup_steps: int = Field(0, ge=0)
     mini_batches: int = Field(1, gt=0, le=100_000)  # optimizer steps per generation step
     epochs: int = Field(1, gt=0, le=1000)
-    micro_batch_tokens: int = Field(4096, gt=0)  # padded tokens per forward/backward
+    micro_batch_tokens: int = Field(4096, gt=0)  # tokens per forward/backward (a shared prefix once; padding counts)
     logit_chunk: int = Field(512, gt=0)  # tokens whose vocabulary logits exist at once
     # "bf16": the forward and backward compute in bfloat16 under autocast while the weights, gradients and
     # Adam's moments stay float32 (16 bytes a parameter); the lm head, log-probs, ratio and loss in float32.
