@@ -69,7 +69,10 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     from adarl.tasks import build_task
     from adarl.types import Batch, Group, Rollout
 
-    recipe = load_recipe(args.recipe, [f"model.path={args.model}"] if args.model else [])
+    overrides = [f"model.path={args.model}"] if args.model else []
+    if args.smoke:  # a small task: only `prompts` of its problems are used
+        overrides += ["task.size=16", "task.eval_size=4"]
+    recipe = load_recipe(args.recipe, overrides)
     if args.threads:
         torch.set_num_threads(args.threads)
     model, tokenizer = load_model(recipe.model, for_training=True)
