@@ -10,6 +10,17 @@ import torch
 from adarl.rollout.weights import apply_delta, delta_bytes, weight_delta
 
 
+@pytest.fixture(scope="module")
+def local_ray():
+    """One private Ray for the module's pools (loopback only, as a run's private cluster)."""
+    ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'adarl[ray]')")
+    from adarl.cluster import start_private
+
+    start_private(num_cpus=2)
+    yield
+    ray.shutdown()
+
+
 def bf16(values) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.bfloat16)
 
@@ -49,11 +60,9 @@ def test_float32_words_and_shapes_round_trip():
     assert torch.equal(target["w"], new)
 
 
-def test_a_ray_worker_decodes_as_the_learner_after_several_delta_syncs(tiny_model_dir):
+def test_a_ray_worker_decodes_as_the_learner_after_several_delta_syncs(local_ray, tiny_model_dir):
     """A bf16 learner takes AdamW steps; after each, the pool's one worker gets a delta, and its greedy and
     keyed sampled rollouts equal the in-process decoder's on the learner's own weights."""
-    ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'adarl[ray]')")
-    from adarl.cluster import start_private
     from adarl.cluster.ray_pool import RayRolloutPool
     from adarl.config import ClusterConfig, ModelConfig, RolloutConfig
     from adarl.models import load_model
@@ -63,7 +72,6 @@ def test_a_ray_worker_decodes_as_the_learner_after_several_delta_syncs(tiny_mode
 
     model, tok = load_model(ModelConfig(path=str(tiny_model_dir), threads=1, dtype="bfloat16"), for_training=True)
     cfg = RolloutConfig(backend="hf", max_new_tokens=10)
-    start_private(num_cpus=2)
     pool = RayRolloutPool(model, tok, cfg, ClusterConfig(backend="ray", workers=1), seed=5)
     here = HfGenerator(model, tok, cfg, seed=5)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.0)
@@ -90,14 +98,11 @@ def test_a_ray_worker_decodes_as_the_learner_after_several_delta_syncs(tiny_mode
         assert all(0 < f < 1 for f in fractions), fractions  # something changed, not everything was sent
     finally:
         pool.close()
-        ray.shutdown()
 
 
-def test_a_lora_runs_workers_are_sent_the_adapters_alone(tiny_model_dir):
+def test_a_lora_runs_workers_are_sent_the_adapters_alone(local_ray, tiny_model_dir):
     """LoRA: the workers hold the PEFT model; after the first push (base and adapters) a push carries at most
     the adapters' bytes, and the worker decodes as the in-process decoder on the learner's PEFT model."""
-    ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'adarl[ray]')")
-    from adarl.cluster import start_private
     from adarl.cluster.ray_pool import RayRolloutPool
     from adarl.config import ClusterConfig, ModelConfig, RolloutConfig
     from adarl.models import load_model
@@ -110,7 +115,6 @@ def test_a_lora_runs_workers_are_sent_the_adapters_alone(tiny_model_dir):
                                         lora={"r": 4, "target_modules": ["q_proj", "v_proj"]}), for_training=True)
     adapter_bytes = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "lora_" in n)
     cfg = RolloutConfig(backend="hf", max_new_tokens=10)
-    start_private(num_cpus=2)
     pool = RayRolloutPool(model, tok, cfg, ClusterConfig(backend="ray", workers=1), seed=5)
     here = HfGenerator(model, tok, cfg, seed=5)
     reqs = [Request(f"p{i}", tok.encode(f"Say {i} and {i * 3}"), 2) for i in range(3)]
@@ -130,4 +134,3 @@ def test_a_lora_runs_workers_are_sent_the_adapters_alone(tiny_model_dir):
                 np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
     finally:
         pool.close()
-        ray.shutdown()
