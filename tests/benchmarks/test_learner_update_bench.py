@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 from pathlib import Path
@@ -11,10 +12,11 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 pytestmark = pytest.mark.model
+SCRIPT = "learner_update"  # bench/learner_update.py
 
 
 def test_the_learner_benchmark_smoke(tiny_model_dir, tmp_path):
-    import learner_update
+    learner_update = importlib.import_module(SCRIPT)
 
     out = tmp_path / "result.json"
     assert learner_update.main(["--smoke", "--model", str(tiny_model_dir), "--out", str(out)]) == 0
@@ -30,7 +32,7 @@ def test_the_learner_benchmark_smoke(tiny_model_dir, tmp_path):
 
 
 def test_bad_completion_range_is_one_clear_error():
-    import learner_update
+    learner_update = importlib.import_module(SCRIPT)
 
     with pytest.raises(SystemExit):
         learner_update.parse_args(["--completion", "5,2"])
