@@ -28,9 +28,12 @@ from test_train import recipe_data, write_task
 ROOT = Path(__file__).resolve().parents[2]
 ZOO = {"rollout": {"temperature": 1.0, "max_new_tokens": 8}}
 WALK = {
-    "uniform+fixed+rloo+overlong+d3s+hapo": dict(
+    "uniform+fixed+rloo+overlong+e1+d3s+overlong_filter+hapo": dict(
         select={"name": "uniform"}, allocate={"name": "fixed", "n": 4}, advantage={"name": "rloo"},
-        shaping=[{"name": "overlong", "buffer": 4}], tokens=[{"name": "d3s", "f0": 0.5}], loss={"name": "hapo"}),
+        shaping=[{"name": "overlong", "buffer": 4}, {"name": "e1"}],
+        tokens=[{"name": "d3s", "f0": 0.5}, {"name": "overlong_filter"}],
+        loss={"name": "hapo"},
+        rollout={"temperature": 1.0, "max_new_tokens": 8, "effort_sentences": {"efforts": [0.5, 1.0]}}),
     "vade+dars+reinforce_pp+length+high_entropy+bapo": dict(
         select={"name": "vade"}, allocate={"name": "dars", "n": 4, "n_max": 8}, advantage={"name": "reinforce_pp"},
         shaping=[{"name": "length_penalty", "only_correct": False}], tokens=[{"name": "high_entropy", "top": 0.5}],
