@@ -187,6 +187,8 @@ def test_sigkill_at_random_points_then_resume_is_exact(tiny_model_dir, tmp_path,
     recipe.write_text(yaml.safe_dump(crash_recipe(tiny_model_dir, write_task(tmp_path / "prompts.jsonl"))))
     loaded = load_recipe(recipe)
     loaded.rollout.backend = resolve_backend(loaded)  # config.yaml names the backend `auto` resolved to
+    assert loaded.rollout.backend == "hf" and loaded.train.mismatch.correct is None
+    loaded.train.mismatch.correct = False  # and the correction's default: off, the hf decoder is the learner's forward
     config = loaded.model_dump()
 
     # the uninterrupted run keeps every checkpoint, to compare each of the killed run's with
