@@ -204,7 +204,7 @@ def train(
                 _fail("missing recipe: adarl train RECIPE.yaml [key=value ...]")
             loaded = load_recipe(recipe, overrides or [])
             target = run_dir or Path("runs") / loaded.name
-        from adarl.api import check_run
+        from adarl.preflight import check_run
 
         # the same checks as the Python API's train
         for warning in check_run(loaded, target, resume is not None, None if resume is not None else recipe):
@@ -369,7 +369,7 @@ def eval_(
 ) -> None:
     from adarl import evaluate as ev
     from adarl.config import RecipeError
-    from adarl.rollout.engines import ENGINES
+    from adarl.engines import ENGINES
 
     if backend not in (None, *ENGINES, "auto"):
         _fail(f"--backend {backend}: choose {', '.join(sorted(ENGINES))} or auto")

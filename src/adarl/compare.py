@@ -59,15 +59,15 @@ def plan(recipes: Sequence[str | Path], seeds: Sequence[int], budget_tokens: int
          extra: Sequence[str] = (), eval_points: int = EVAL_POINTS,
          warn: Callable[[str], None] = lambda _: None) -> list[Job]:
     """One job per (recipe, seed); every recipe is validated first (RecipeError on a problem), its files
-    (`api.check_files`) and its budget too (`api.check_groups`: refused when too small for one step of its
+    (`preflight.check_files`) and its budget too (`preflight.check_groups`: refused when too small for one step of its
     groups; `warn` told when it trims them).
 
     `eval_points` > 0: every run evaluates where its sampled tokens first reach each multiple of
     budget / `eval_points` (`eval.every_tokens`, `eval.every: 0`), so every recipe's curve and AUC rest on
     the same token points whatever its tokens per step; 0 keeps each recipe's `eval.every` (steps). An
     `eval.*` key in `extra` still wins."""
-    from adarl.api import check_files, check_groups
     from adarl.config import RecipeError, load_recipe
+    from adarl.preflight import check_files, check_groups
 
     names: list[str] = []
     loaded = []

@@ -35,6 +35,7 @@ import numpy as np
 from adarl.config import Recipe, RewardConfig, RolloutConfig, TaskConfig, load_recipe, pick_backend
 from adarl.metrics.passk import ProblemResult, pass_at_k_array, score_problems  # noqa: F401 (score_problems: for users)
 from adarl.rollout import build_generator
+from adarl.rollout.base import unbranched
 
 DEFAULT_K = (1, 4, 16)
 
@@ -274,7 +275,7 @@ def evaluate_task(generator, tokenizer, task: EvalTask, *, ks: list[int], n: int
     generator.rng.set_state({"seed": seed, "calls": 0})
     rewards = Rewards(task.rewards, workers=workers, timeout_s=timeout_s)
     try:
-        results = score_problems(generator, rewards, problems, prompt_ids, n=n, label=task.name)
+        results = score_problems(unbranched(generator), rewards, problems, prompt_ids, n=n, label=task.name)
     finally:
         rewards.close()
     out = {"source": task.source, "seed": task.seed, **summarize(results, ks, n)}

@@ -130,8 +130,8 @@ def test_budget_below_one_step_of_pairs_is_refused_before_the_model(tmp_path, no
     assert "at least 1,024" in said.output and not out.exists()
     # 8 prompts × 4 rollouts × 8 tokens = 256 for the full step, 128 for pairs
     small = ["rollout.max_new_tokens=8", "allocate.n=4", "budget.max_steps=null"]
-    from adarl.api import check_groups
     from adarl.config import RecipeError, load_recipe
+    from adarl.preflight import check_groups
 
     for tokens, refused, warned in ((127, True, False), (128, False, True), (255, False, True), (256, False, False)):
         recipe = load_recipe("quickstart", [*small, f"budget.max_tokens={tokens}"])
@@ -254,8 +254,8 @@ def test_the_gpu_recipe_without_its_files_names_them_all_before_any_model_loads(
 def test_online_a_hub_id_the_hub_does_not_serve_is_named(tmp_path, monkeypatch):
     import huggingface_hub
 
-    from adarl.api import check_files
     from adarl.config import RecipeError, load_recipe
+    from adarl.preflight import check_files
 
     asked = []
 

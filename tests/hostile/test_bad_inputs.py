@@ -338,7 +338,7 @@ def test_cli_rejects_bad_input_before_writing_anything(case, tmp_path: Path, tin
 @pytest.mark.heavy
 def test_cli_subprocess_exit_code_and_no_traceback(tmp_path: Path) -> None:
     data = write_lines(tmp_path / "data.jsonl", [*rows(3), {"text": "no prompt"}])
-    (tmp_path / "model").mkdir()  # a model folder the file check finds (api.check_files); the data fails first
+    (tmp_path / "model").mkdir()  # a model folder the file check finds (preflight.check_files); the data fails first
     (tmp_path / "model" / "config.json").write_text("{}")
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(yaml.safe_dump(tiny_recipe(str(tmp_path / "model"), data)))

@@ -21,7 +21,7 @@ LAUGHS = "\n".join(["a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
 def base(tmp_path: Path) -> dict:
     data = tmp_path / "data.jsonl"
     data.write_text("".join(f'{{"prompt": "What is {i}+1?", "answer": "{i + 1}"}}\n' for i in range(20)))
-    model = tmp_path / "model-never-loaded"  # found by the file check before the run (api.check_files); every
+    model = tmp_path / "model-never-loaded"  # found by the file check before the run (preflight.check_files); every
     model.mkdir(exist_ok=True)  # case fails before a model would load
     (model / "config.json").write_text("{}")
     return {"name": "hostile", "model": {"path": str(model)},

@@ -28,7 +28,7 @@ def synthetic_config(name: str, seed: int, advantage: str = "grpo") -> str:
         "task": {"source": "reasoning_gym", "name": "basic_arithmetic", "eval_size": 50},
         "advantage": {"name": advantage},
         "loss": {"name": "ppo_clip", "agg": "token-mean" if advantage == "grpo" else "seq-mean-token-sum-norm"},
-        "rollout": {"max_new_tokens": 16},  # 1000 tokens buy a step of 8 prompts × 2 rollouts (api.check_groups)
+        "rollout": {"max_new_tokens": 16},  # 1000 tokens buy a step of 8 prompts × 2 rollouts (preflight.check_groups)
         "budget": {"max_steps": None, "max_tokens": 1000},
     }
     return dump_recipe(load_recipe(data=data))

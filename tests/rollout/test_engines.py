@@ -1,4 +1,4 @@
-"""The table of engines (rollout/engines.py) is the one place an engine is named: every reader agrees with it."""
+"""The table of engines (adarl/engines.py) is the one place an engine is named: every reader agrees with it."""
 
 from __future__ import annotations
 
@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from adarl import engines
 from adarl.config import ModelConfig, RolloutConfig, pick_backend
+from adarl.engines import ENGINES
 from adarl.models import load_model
-from adarl.rollout import build_generator, engines
+from adarl.rollout import build_generator
 from adarl.rollout.base import CAPABILITIES, Generator, missing_members
-from adarl.rollout.engines import ENGINES
 from adarl.train.build import missing_packages
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "adarl"
@@ -83,7 +84,7 @@ def test_learner_forward_is_a_column():
 def test_no_module_but_the_table_names_an_engine_class_to_build():
     """The engine is named in one place: nothing outside the table imports an engine class to build it."""
     pattern = re.compile(r"import (HfGenerator|VllmGenerator)\b|\b(HfGenerator|VllmGenerator)\(")
-    own = {"rollout/engines.py", "rollout/hf.py", "rollout/vllm.py"}  # the table, and a class copying itself
+    own = {"engines.py", "rollout/hf.py", "rollout/vllm.py"}  # the table, and a class copying itself
     offenders = [p.relative_to(SRC).as_posix() for p in SRC.rglob("*.py")
                  if p.relative_to(SRC).as_posix() not in own and pattern.search(p.read_text())]
     assert offenders == []

@@ -1,7 +1,7 @@
 """HBPO hierarchical budget advantage (algorithms.md §6.1; ZJU-REAL/HBPO `verl/trainer/ppo/core_algos.py`).
 
 Inside each group, the rollouts generated under the same budget b (parsed from their text with
-`adarl.shaping.hbpo.parse_budget`) form a subgroup. With R the rollout's reward (the row sum,
+`adarl.sentences.parse_budget`) form a subgroup. With R the rollout's reward (the row sum,
 R_HBPO when the "hbpo" shaping ran):
     A^inter_i = (R_i − mean_group R) / (std_group R + ε)     GRPO over the whole group, ε = 1e-6
     A^intra_i = μ_{b(i)} − f_2(b(i)),   μ_b = mean R of subgroup b,  f_2(b) = β·cos(π b / (2 L_max))
@@ -20,7 +20,8 @@ from pydantic.dataclasses import dataclass
 
 from adarl.advantage.grpo import Grpo
 from adarl.registry import STRICT, register
-from adarl.shaping.hbpo import f2, parse_budget
+from adarl.sentences import parse_budget
+from adarl.shaping.hbpo import f2
 from adarl.types import Batch
 
 

@@ -46,9 +46,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from adarl import engines
 from adarl.cluster import connect, disconnect, least_loaded
 from adarl.config import ClusterConfig, RolloutConfig
-from adarl.rollout import engines
 from adarl.rollout.base import Progress, StopWhen, Weights, capable
 from adarl.rollout.sampling import SampleStream, row_keys
 from adarl.rollout.weights import apply_delta, delta_bytes, weight_delta
@@ -123,7 +123,7 @@ class RolloutWorker:
                                f"a delta against version {base}")
         apply_delta(params, delta)
         self.version = version
-        if self.generator is None:  # the engine's row of the table (rollout/engines.py)
+        if self.generator is None:  # the engine's row of the table (adarl/engines.py)
             self.generator = engines.build(self.backend, self.model, self.tokenizer, self.cfg)
         else:  # an engine with its own copy (vllm) takes them in; one sampling from self.model loads nothing
             self.generator.load_weights(Weights.of(self.model), version)

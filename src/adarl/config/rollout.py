@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from adarl.config.base import MAX_SECONDS, Section, TokenCount
+from adarl.sentences import BUDGET_PATTERN, EFFORT_PATTERN, parse_budget, parse_effort
 
 
 class AdaptiveTemperature(Section):
@@ -197,8 +198,6 @@ class BudgetSentencesConfig(Section):
     def _parser_reads_it(self) -> BudgetSentencesConfig:
         # the hbpo reward and advantage read the budget back from the text: a sentence they cannot read
         # would silently score as "no budget"
-        from adarl.shaping.hbpo import BUDGET_PATTERN, parse_budget
-
         _reads_back("budget_sentences", self.template, "b", self.budgets, parse_budget, BUDGET_PATTERN.pattern,
                     "shaping/hbpo.py", "I will answer the question within {b} tokens. ")
         return self
@@ -213,8 +212,6 @@ class EffortSentencesConfig(Section):
     @model_validator(mode="after")
     def _parser_reads_it(self) -> EffortSentencesConfig:
         # the e1 reward reads the effort back from the text: a sentence it cannot read scores as "no effort"
-        from adarl.shaping.e1 import EFFORT_PATTERN, parse_effort
-
         for r in self.efforts:
             if not 0.0 < r <= 1.0:
                 raise ValueError(f"effort_sentences.efforts holds {r}: each effort is a share in (0, 1]")
@@ -251,7 +248,7 @@ class RolloutConfig(Section):
     effort_sentences: EffortSentencesConfig | None = None  # e1: each effort subgroup told its effort
 
     def needs(self) -> dict[str, str]:
-        """The generator capabilities this section asks for (rollout/engines.py), by recipe key."""
+        """The generator capabilities this section asks for (adarl/engines.py), by recipe key."""
         out = {}
         if self.adaptive_temperature is not None:
             out["rollout.adaptive_temperature"] = "adaptive_temperature"
@@ -267,7 +264,7 @@ class RolloutConfig(Section):
     @field_validator("backend")
     @classmethod
     def _backend(cls, backend: str) -> str:
-        from adarl.rollout.engines import ENGINES
+        from adarl.engines import ENGINES
 
         if backend != "auto" and backend not in ENGINES and not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", backend):
             raise ValueError(f"rollout.backend {reprlib.repr(backend)}: use auto, {', '.join(ENGINES)}, or an engine "
@@ -278,7 +275,7 @@ class RolloutConfig(Section):
     def unsupported(self, backend: str | None = None) -> list[str]:
         """What this section asks for that `backend` (default: its own) cannot do (an engine named by
         import path is checked against its own `capabilities` when it is built)."""
-        from adarl.rollout.engines import unsupported
+        from adarl.engines import unsupported
 
         return unsupported(backend or self.backend, self.needs())
 

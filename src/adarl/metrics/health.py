@@ -28,7 +28,7 @@ Each check returns a `Flag` naming the metric, what happened and the step where 
   (``rollouts_per_prompt_min`` 1) in a run whose groups are otherwise larger: a group-relative
   advantage learns nothing from it. A token budget that cannot pay for the step's groups trims them
   so (allocate/base.py: `fit`); `adarl train` refuses a budget too small for one step of groups of two
-  before any model loads (api.check_groups). The last step, which gets what is left of the budget, is
+  before any model loads (preflight.check_groups). The last step, which gets what is left of the budget, is
   not flagged for it. Flagged from the first such step.
 """
 

@@ -11,7 +11,6 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from adarl.metrics.progress import RowsBar
-from adarl.rollout.base import Wrapper
 from adarl.types import Group, Request
 
 
@@ -86,12 +85,11 @@ def score_problems(generator: Any, rewards: Any, problems: list, prompt_ids: dic
                    keep_stream: bool = False) -> list[ProblemResult]:
     """One greedy and `n` sampled completions per problem, scored by `rewards`: the evaluation both
     `adarl eval` and the trainer's held-out evaluation run. `keep_stream`: the generator's sampling
-    stream is where it was before (a held-out evaluation never shifts the training stream)."""
+    stream is where it was before (a held-out evaluation never shifts the training stream). `generator` samples
+    as given: the callers pass `rollout.base.unbranched(...)`, so evaluation samples independently (no tree)."""
     stream = generator.rng.get_state() if keep_stream else None
     try:
-        return _score(generator.unbranched if isinstance(generator, Wrapper) else generator, rewards, problems,
-                      prompt_ids, n,
-                      max_new_tokens, label, progress)  # evaluation samples independently (no tree)
+        return _score(generator, rewards, problems, prompt_ids, n, max_new_tokens, label, progress)
     finally:
         if stream is not None:
             generator.rng.set_state(stream)

@@ -1,4 +1,4 @@
-"""Generator backends (the table of engines: rollout/engines.py) and the scheduler in front of them."""
+"""Generator backends (the table of engines: adarl/engines.py) and the scheduler in front of them."""
 
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ def build_generator(model: Any, tokenizer: Any, cfg: RolloutConfig, seed: int = 
         generator = engine
     elif ":" in cfg.backend:  # an engine of the user's, by import path: the contract is checked here
         generator = build_engine(cfg.backend, model, tokenizer, cfg, seed)
-    else:  # a built-in engine: its row of the table (rollout/engines.py); auto resolved as a run resolves it
+    else:  # a built-in engine: its row of the table (adarl/engines.py); auto resolved as a run resolves it
+        from adarl import engines
         from adarl.config import pick_backend
-        from adarl.rollout import engines
 
         generator = engines.build(pick_backend(cfg), model, tokenizer, cfg, seed)
     if cfg.branching is not None:
@@ -47,8 +47,8 @@ def build_engine(path: str, model: Any, tokenizer: Any, cfg: RolloutConfig, seed
     against the generator contract (rollout/base.py) and against what the recipe asks of it."""
     import importlib
 
+    from adarl.engines import unsupported
     from adarl.rollout.base import missing_members
-    from adarl.rollout.engines import unsupported
 
     module, _, name = path.partition(":")
     try:

@@ -4,13 +4,13 @@ A generator samples completions of tokenised prompts from the current policy. Th
 (rollout/scheduler.py, async_mode.py), the agent loop, the tree samplers, the held-out evaluation,
 the trainer and the Ray rollout pool use it only through the members of `Generator` below; what an
 engine can do beyond them it declares by name in `capabilities` (CAPABILITIES below: each names the members
-that come with it; the recipe is checked against the table of engines, rollout/engines.py, when it loads).
+that come with it; the recipe is checked against the table of engines, adarl/engines.py, when it loads).
 
 To add an engine, write one class with these members and name it in a recipe by import path
 (`rollout.backend: "package.module:Class"`); it is built as `Class(model, tokenizer, rollout_cfg, seed=seed)`
 with the training model (read its weights once, at construction, if it needs them: afterwards every
 update comes through `load_weights`). `docs/examples/plain_engine.py` is a complete one in 100 lines. A
-built-in engine is such a module plus one row of the table of engines (rollout/engines.py).
+built-in engine is such a module plus one row of the table of engines (adarl/engines.py).
 
     generate(requests, greedy, max_new_tokens, stop_when, keys, max_tokens) -> list[Rollout]
         `sum(r.n for r in requests)` rollouts, request by request (each request's `n` in a row). A
@@ -75,7 +75,7 @@ class Progress:
 StopWhen = Callable[[Progress], bool]
 
 # Optional abilities, asked by name (`capable(generator, name)`), each with the members it declares; the
-# first four are also what a recipe may require (rollout/engines.py). A wrapper has those of the generator
+# first four are also what a recipe may require (adarl/engines.py). A wrapper has those of the generator
 # it wraps.
 CAPABILITIES = {
     "entropies": "records each sampled token's entropy (Rollout.entropies)",
@@ -271,3 +271,9 @@ class Wrapper:
     @property
     def last_discarded_tokens(self) -> int:  # discards
         return self.generator.last_discarded_tokens
+
+
+def unbranched(generator: Any) -> Any:
+    """What evaluation samples with: under a tree sampler or budget sentences (a `Wrapper`), the generator
+    they wrap (`Wrapper.unbranched`); any other generator itself. Evaluation samples independently."""
+    return generator.unbranched if isinstance(generator, Wrapper) else generator

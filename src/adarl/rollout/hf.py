@@ -64,9 +64,9 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from adarl.config import RolloutConfig
+from adarl.engines import ENGINES
 from adarl.rollout.base import Progress, StopWhen, Weights
 from adarl.rollout.decode_attention import decoding
-from adarl.rollout.engines import ENGINES
 from adarl.rollout.sampling import MASK64, SampleStream, row_keys, splitmix64, uniforms  # noqa: F401 (for callers)
 from adarl.rollout.weights import load_named
 from adarl.tokens.entropy import EntropyStats

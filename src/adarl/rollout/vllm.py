@@ -61,8 +61,8 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from adarl.config import RolloutConfig
+from adarl.engines import ENGINES
 from adarl.rollout.base import Progress, StopWhen, Weights
-from adarl.rollout.engines import ENGINES
 from adarl.rollout.sampling import SampleStream, row_keys, splitmix64
 from adarl.rollout.weights import hf_weights
 from adarl.types import Request, Rollout

@@ -23,23 +23,15 @@ rollout trains on sums to R_AEC, while `Group.correct` and the verifier columns 
 
 from __future__ import annotations
 
-import re
 from typing import ClassVar
 
 import numpy as np
 from pydantic.dataclasses import dataclass
 
 from adarl.registry import STRICT, register
+from adarl.sentences import parse_effort
 from adarl.shaping.base import add_column
 from adarl.types import Group
-
-EFFORT_PATTERN = re.compile(r"Effort:\s*(\d+(?:\.\d+)?)")
-
-
-def parse_effort(text: str) -> float | None:
-    """The effort r stated in a rollout's text (first match), or None."""
-    match = EFFORT_PATTERN.search(text or "")
-    return float(match.group(1)) if match else None
 
 
 def effort_reward(length: np.ndarray, effort: np.ndarray, correct: np.ndarray) -> np.ndarray:

@@ -20,7 +20,6 @@ row sum a rollout trains on becomes R, while `Group.correct` and the verifier co
 
 from __future__ import annotations
 
-import re
 from typing import ClassVar, Literal
 
 import numpy as np
@@ -28,16 +27,9 @@ from pydantic import Field
 from pydantic.dataclasses import dataclass
 
 from adarl.registry import STRICT, register
+from adarl.sentences import parse_budget
 from adarl.shaping.base import add_column
 from adarl.types import Group
-
-BUDGET_PATTERN = re.compile(r"I will answer the question with(?:in)?\s+(\d+)\s+tokens")
-
-
-def parse_budget(text: str) -> int | None:
-    """The budget b stated in a rollout's text (first match), or None."""
-    match = BUDGET_PATTERN.search(text or "")
-    return int(match.group(1)) if match else None
 
 
 def f1(n: np.ndarray, b: np.ndarray, beta: float, max_len: int) -> np.ndarray:

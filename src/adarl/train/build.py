@@ -31,10 +31,10 @@ from adarl.train.teacher import Teacher
 
 def missing_packages(rollout: RolloutConfig, cluster: ClusterConfig | None = None) -> list[str]:
     """What the recipe needs that is not installed, each with its install command: its engine's package
-    (rollout/engines.py), Ray (cluster.backend ray), openenv-core (an OpenEnv agent environment). Checked
+    (adarl/engines.py), Ray (cluster.backend ray), openenv-core (an OpenEnv agent environment). Checked
     before any model loads."""
     from adarl.cluster import RAY_MISSING
-    from adarl.rollout.engines import missing_package
+    from adarl.engines import missing_package
     from adarl.rollout.openenv import MISSING as OPENENV_MISSING
 
     needs = [(cluster is not None and cluster.backend == "ray", "ray", RAY_MISSING),
@@ -88,9 +88,9 @@ def build_peers(recipe: Recipe, tokenizer: Any) -> Any:
 def corrects_mismatch(recipe: Recipe, loss: Any) -> bool:
     """The default of `train.mismatch.correct` (loss/mismatch.py), decided here alone: on unless the sampler
     is the learner's own forward (the hf decoder with the learner's module, in this process: the table of
-    engines says which, rollout/engines.py) or the loss already weighs each token by π_old/π_beh
+    engines says which, adarl/engines.py) or the loss already weighs each token by π_old/π_beh
     (`weighs_behaviour`: decoupled_ppo). vLLM, Ray workers and an engine named by import path are corrected."""
-    from adarl.rollout.engines import samples_with_learner_forward
+    from adarl.engines import samples_with_learner_forward
 
     own_forward = samples_with_learner_forward(resolve_backend(recipe), recipe.cluster.backend)
     return not own_forward and not loss.weighs_behaviour

@@ -20,6 +20,7 @@ from adarl.config import dump_recipe
 from adarl.metrics.passk import score_problems
 from adarl.metrics.progress import Progress
 from adarl.metrics.sinks import MetricsWriter
+from adarl.rollout.base import unbranched
 from adarl.rollout.weights import load_named
 from adarl.tasks.mixture import pass1_by_share
 from adarl.train import checkpoint
@@ -70,7 +71,7 @@ def evaluate(t: Any) -> dict[str, float]:
     t0 = time.perf_counter()
     # eval.max_new_tokens, else the generator's own cap, as in training and `adarl eval` (an agent's is its
     # whole trajectory's, rollout.agent.max_context_tokens; one turn's rollout.max_new_tokens would cut it short)
-    results = score_problems(t.generator, t.rewards, problems, {p.id: t.prompt_ids(p) for p in problems},
+    results = score_problems(unbranched(t.generator), t.rewards, problems, {p.id: t.prompt_ids(p) for p in problems},
                              n=cfg.samples, max_new_tokens=cfg.max_new_tokens,
                              label="eval", progress=t.recipe.log.progress and sys.stderr.isatty(), keep_stream=True)
     out = {"eval/pass@1": float(np.mean([r.greedy for r in results])),
