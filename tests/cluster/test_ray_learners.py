@@ -69,7 +69,10 @@ def test_ray_placed_ranks_train_as_one_process(tiny_model_dir, tmp_path):
 def test_a_failing_rank_ends_the_run_naming_it(tiny_model_dir, tmp_path, how, said):
     # rank 1's loss fails in the first update, while rank 0 waits in that update's collectives
     # (rank 0 waits up to a heartbeat timeout to see a rank fall silent after a collective failed: train/control.py)
-    recipe = ray_recipe(tiny_model_dir, tmp_path, loss={"name": "learner_faults:FailsOnRank1", "how": how},
+    # a prompt's rollouts stay on one rank (its prompt forwarded once), so rank 1 computes a loss only if a second
+    # group trains: a tiny entropy bonus makes every group train, and the 2 groups go one to each rank
+    recipe = ray_recipe(tiny_model_dir, tmp_path,
+                        loss={"name": "learner_faults:FailsOnRank1", "how": how, "entropy_coef": 1e-6},
                         train={"lr": 1e-3, "heartbeat_timeout_s": 8})
     start = time.monotonic()
     done = cli(tmp_path, str(recipe), *ON_RAY, "--run-dir", str(tmp_path / "run"))

@@ -14,6 +14,13 @@ from test_train import recipe_data, scheduled_recipe, tests_on_path, write_task 
 COMBOS = {
     "rloo+overlong+d3s+hapo": dict(advantage={"name": "rloo"}, shaping=[{"name": "overlong", "buffer": 4}],
                                    tokens=[{"name": "d3s", "f0": 0.5}], loss={"name": "hapo"}),
+    # e1's row sums to its R_AEC, 0 while nothing is correct (the tiny model): an entropy bonus trains the groups
+    "e1+entropy_bonus": dict(shaping=[{"name": "e1"}], loss={"name": "ppo_clip", "entropy_coef": 0.01},
+                             rollout={"temperature": 1.0, "max_new_tokens": 16,
+                                      "effort_sentences": {"efforts": [0.5, 1.0]}}),
+    # room to stop: the filter drops every rollout cut at max_new_tokens, so some must end before it
+    "overlong_filter": dict(tokens=[{"name": "overlong_filter"}], loss={"name": "ppo_clip"},
+                            rollout={"temperature": 1.0, "max_new_tokens": 48}),
     "reinforce_pp+length+high_entropy+bapo": dict(
         advantage={"name": "reinforce_pp"}, shaping=[{"name": "length_penalty", "only_correct": False}],
         tokens=[{"name": "high_entropy", "top": 0.5}], loss={"name": "bapo"},
