@@ -40,7 +40,8 @@ What differs, and cannot be made equal:
   beside the times, with a per-generated-token ratio;
 - implementation choices that leave the gradient unchanged: adarl skips the forward/backward of
   rollouts whose advantage is 0 (groups with all-equal rewards) and packs the rest into
-  micro-batches of ``train.micro_batch_tokens`` padded tokens; TRL runs every row in one batch;
+  micro-batches of ``train.micro_batch_tokens`` tokens (packed, a group's prompt forwarded once); TRL runs every
+  row in one batch;
 - the std epsilon of the advantage (adarl 1e-6, TRL 1e-4), immaterial for 0/1 rewards;
 - TRL's per-step logging and metric bookkeeping is inside its step, as it would be in a real run.
 
@@ -375,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     notes += [
         "completions are sampled from different random streams (lengths and rewards differ)",
         "adarl skips forward/backward of zero-advantage rollouts and micro-batches the rest "
-        f"({hp['micro_batch_tokens']} padded tokens); TRL runs all rows in one batch (same gradient)",
+        f"({hp['micro_batch_tokens']} tokens, packed by shared prompt); TRL runs all rows in one batch (same gradient)",
         "advantage std epsilon: adarl 1e-6, TRL 1e-4",
         "adarl ran first, TRL second, in the same process",
     ]
