@@ -334,6 +334,21 @@ def synthetic_batch(rows: int, prompt_len: int, completion_len: int, vocab: int)
     return batch
 
 
+def timed_update(learner: Any, batch: Any, device: torch.device) -> float:
+    """The faster of two timed updates of `batch`, after a warm-up (kernels, the optimizer's moments) and with the
+    peak memory counted from after it."""
+    learner.update(batch)
+    reset_peak(device)
+    times = []
+    for _ in range(2):
+        sync(device)
+        t0 = time.perf_counter()
+        learner.update(batch)
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
 def update_speed(model, device: torch.device, rows: int, prompt_len: int, completion_len: int,
                  shape: dict, peak_flops: float | None, fp32_lm_head: bool = True,
                  fused_head: bool = True) -> dict[str, Any]:
@@ -351,18 +366,9 @@ def update_speed(model, device: torch.device, rows: int, prompt_len: int, comple
     learner.layout = "padded"  # the rows these figures have always counted; `packing` measures the others
     logprobs.FUSED_HEAD = fused_head
     try:  # the switch is process-wide: restored even when an update fails (the next shape runs on)
-        learner.update(batch)  # warm-up: kernels, the optimizer's moments
-        reset_peak(device)
-        times = []
-        for _ in range(2):
-            sync(device)
-            t0 = time.perf_counter()
-            learner.update(batch)
-            sync(device)
-            times.append(time.perf_counter() - t0)
+        seconds = timed_update(learner, batch, device)
     finally:
         logprobs.FUSED_HEAD = True
-    seconds = min(times)
     tokens = rows * (prompt_len + completion_len)
     h, layers, seq = shape["hidden_size"], shape["num_hidden_layers"], prompt_len + completion_len
     params = sum(p.numel() for p in model.parameters())
@@ -588,16 +594,7 @@ def layout_speeds(model, device: torch.device, rows: int, prompt_len: int, compl
             learner = Learner(model, registry.build("loss", {"name": "ppo_clip"}), cfg, temperature=1.0, pad_id=2,
                               max_len=completion_len, rng=np.random.default_rng(0))
             learner.layout = layout
-            learner.update(batch)  # warm-up
-            reset_peak(device)
-            times = []
-            for _ in range(2):
-                sync(device)
-                t0 = time.perf_counter()
-                learner.update(batch)
-                sync(device)
-                times.append(time.perf_counter() - t0)
-            seconds = min(times)
+            seconds = timed_update(learner, batch, device)
             out[label] = {"seconds": seconds, "real_tokens_per_s": rows * (prompt_len + completion_len) / seconds,
                           "mfu_needed": needed / seconds / peak_flops if peak_flops else None,
                           "row_tokens": row_tokens, "peak_memory_gib": peak_memory_gib(device)}
