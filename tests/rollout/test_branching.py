@@ -112,7 +112,9 @@ def test_branching_needs_hf_and_no_async(tiny_model_dir, tmp_path):
 
 
 def test_evaluation_samples_independently():
+    # evaluation's callers (train/loop.py, evaluate.py) score with `unbranched(generator)`: no tree at evaluation
     from adarl.evaluate import score_problems
+    from adarl.rollout.base import unbranched
     from adarl.types import Problem
 
     class Rewards:
@@ -121,9 +123,31 @@ def test_evaluation_samples_independently():
                 g.correct = __import__("numpy").zeros(g.size)
 
     inner = Scripted()
-    results = score_problems(BranchingGenerator(inner, roots=1, top_n=2, children=2), Rewards(),
+    results = score_problems(unbranched(BranchingGenerator(inner, roots=1, top_n=2, children=2)), Rewards(),
                              [Problem("p", "q")], {"p": [1]}, n=5, progress=False)
     assert results[0].n == 5 and all(not r.prefix_ids for call in inner.calls for r in call)  # no forks
+
+    # the trainer's held-out evaluation (train/loop.py: evaluate) on a tree sampler: no forks either
+    from types import SimpleNamespace
+
+    from adarl.config import EvalConfig
+    from adarl.train.loop import evaluate
+
+    class Stream:  # the sampling stream evaluation leaves where it was (keep_stream)
+        def get_state(self):
+            return {}
+
+        def set_state(self, state):
+            pass
+
+    inner = Scripted()
+    inner.rng = Stream()
+    recipe = SimpleNamespace(eval=EvalConfig(samples=3), log=SimpleNamespace(progress=False))
+    trainer = SimpleNamespace(step=1, recipe=recipe, task=SimpleNamespace(eval=[Problem("p", "q")]), rewards=Rewards(),
+                              agent=None, generator=BranchingGenerator(inner, roots=1, top_n=2, children=2),
+                              prompt_ids=lambda p: [1])
+    assert evaluate(trainer)["eval/pass@3"] == 0.0
+    assert inner.calls and all(not r.prefix_ids for call in inner.calls for r in call)
 
 
 def test_short_chains_still_give_n_leaves():
