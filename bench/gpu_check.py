@@ -55,6 +55,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -385,24 +386,14 @@ def update_speed(model, device: torch.device, rows: int, prompt_len: int, comple
             "head_backward": "fused (hand-written)" if fused_head else "autograd under checkpoint"}
 
 
-def shapes(device: torch.device, quick: bool, info: dict) -> dict[str, Any]:
+def each_shape(device: torch.device, quick: bool, measure: Callable[[str, dict, dict], None]) -> dict[str, Any]:
+    """`measure(name, shape, res)` for each model shape (the quick ones on a CPU), filling `res`; one shape's
+    failure is recorded in its `res` and the others run on; each shape's line is printed as it finishes."""
     out: dict[str, Any] = {}
     for name, shape in (QUICK if quick else QWEN).items():
         res: dict[str, Any] = {}
         try:
-            tok = synthetic_tokenizer(shape["vocab_size"])
-            model = random_model(shape, torch.bfloat16 if device.type == "cuda" else torch.float32, device)
-            res["decode"] = [decode_speed(model, tok, device, rows, 32 if quick else 128, 16 if quick else 64)
-                             for rows in (64, 256)]
-            del model
-            reset_peak(device)
-            model = random_model(shape, torch.float32, device)
-            sizes = (16, 16, 16) if quick else (64, 128, 384)  # rows, prompt and completion lengths
-            # the fused head against the autograd one it replaces, in the same run (bf16 head: the fastest)
-            variants = ((True, True), (False, True), (False, False))  # (float32 head, fused head)
-            res["update"] = [update_speed(model, device, *sizes, shape, info.get("peak_bf16_flops"), fp32_lm_head=fp32,
-                                          fused_head=fused) for fp32, fused in variants]
-            del model
+            measure(name, shape, res)
         except Exception as err:  # noqa: BLE001 - one shape's failure must not lose the others
             res["error"] = f"{type(err).__name__}: {err}"
             res["traceback"] = traceback.format_exc()[-3000:]
@@ -410,6 +401,24 @@ def shapes(device: torch.device, quick: bool, info: dict) -> dict[str, Any]:
         out[name] = res
         print(name, json.dumps({k: v for k, v in res.items() if k != "traceback"}, default=str)[:2000], flush=True)
     return out
+
+
+def shapes(device: torch.device, quick: bool, info: dict) -> dict[str, Any]:
+    def measure(name: str, shape: dict, res: dict) -> None:
+        tok = synthetic_tokenizer(shape["vocab_size"])
+        model = random_model(shape, torch.bfloat16 if device.type == "cuda" else torch.float32, device)
+        res["decode"] = [decode_speed(model, tok, device, rows, 32 if quick else 128, 16 if quick else 64)
+                         for rows in (64, 256)]
+        del model
+        reset_peak(device)
+        model = random_model(shape, torch.float32, device)
+        sizes = (16, 16, 16) if quick else (64, 128, 384)  # rows, prompt and completion lengths
+        # the fused head against the autograd one it replaces, in the same run (bf16 head: the fastest)
+        variants = ((True, True), (False, True), (False, False))  # (float32 head, fused head)
+        res["update"] = [update_speed(model, device, *sizes, shape, info.get("peak_bf16_flops"), fp32_lm_head=fp32,
+                                      fused_head=fused) for fp32, fused in variants]
+
+    return each_shape(device, quick, measure)
 
 
 # ---------------------------------------------------------------- 4. TRL's GRPOTrainer against adarl's step
@@ -608,22 +617,12 @@ def layout_speeds(model, device: torch.device, rows: int, prompt_len: int, compl
 
 
 def packing(device: torch.device, quick: bool, info: dict) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for name, shape in (QUICK if quick else QWEN).items():
-        res: dict[str, Any] = {}
-        try:
-            model = random_model(shape, torch.float32, device)
-            for sizes in ((16, 16, 8),) if quick else ((64, 512, 64), (64, 128, 384)):  # rows, prompt, completion
-                peak = info.get("peak_bf16_flops")
-                res["x".join(map(str, sizes))] = layout_speeds(model, device, *sizes, shape, peak)
-            del model
-        except Exception as err:  # noqa: BLE001 - one shape's failure must not lose the others
-            res["error"] = f"{type(err).__name__}: {err}"
-            res["traceback"] = traceback.format_exc()[-3000:]
-        reset_peak(device)
-        out[name] = res
-        print(name, json.dumps({k: v for k, v in res.items() if k != "traceback"}, default=str)[:2000], flush=True)
-    return out
+    def measure(name: str, shape: dict, res: dict) -> None:
+        model = random_model(shape, torch.float32, device)
+        for sizes in ((16, 16, 8),) if quick else ((64, 512, 64), (64, 128, 384)):  # rows, prompt, completion
+            res["x".join(map(str, sizes))] = layout_speeds(model, device, *sizes, shape, info.get("peak_bf16_flops"))
+
+    return each_shape(device, quick, measure)
 
 
 # ---------------------------------------------------------------- profile: where a decode step's time goes
