@@ -10,14 +10,8 @@ from hypothesis import strategies as st
 from adarl import registry
 from adarl.budget import Budget
 from adarl.select.store import DifficultyStore
-from adarl.types import Group, Problem, Rollout, merge
-
-
-def group(pid: str, correct: list[int], length: int = 3) -> Group:
-    rollouts = [Rollout(pid, [1] * length, [0.0] * length, "stop", text=f"{pid}{i}") for i in range(len(correct))]
-    c = np.array(correct, dtype=float)
-    return Group(Problem(pid, "q"), [0], rollouts, rewards=c[:, None], reward_names=("acc",), correct=c)
-
+from adarl.types import Group, Problem, merge
+from allocation_groups import group
 
 ALLOCATORS = [{"name": "knapsack", "n": 4, "min_buffer_length": 2, "max_n": 16},
               {"name": "knapsack", "n": 8, "robust": True, "cost_estimation": "expectation"},

@@ -4,24 +4,13 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 
 from adarl import registry
 from adarl.allocate.knapsack import value
 from adarl.budget import Budget
 from adarl.select.store import DifficultyStore
-from adarl.types import Group, Problem, Rollout
-
-
-def group(pid: str, correct: list[int], length: int = 3) -> Group:
-    rollouts = [Rollout(pid, [1] * length, [0.0] * length, "stop", text=f"{pid}{i}") for i in range(len(correct))]
-    c = np.array(correct, dtype=float)
-    return Group(Problem(pid, "q"), [0], rollouts, rewards=c[:, None], reward_names=("acc",), correct=c)
-
-
-def problems(*ids: str) -> list[Problem]:
-    return [Problem(q, q) for q in ids]
+from allocation_groups import group, problems
 
 
 def knapsack_with_history(history: dict[str, list[int]], **kw):

@@ -10,17 +10,8 @@ import pytest
 from adarl import registry
 from adarl.budget import Budget
 from adarl.select.store import DifficultyStore
-from adarl.types import Group, Problem, Rollout, merge
-
-
-def group(pid: str, correct: list[int], length: int = 3) -> Group:
-    rollouts = [Rollout(pid, [1] * length, [0.0] * length, "stop", text=f"{pid}{i}") for i in range(len(correct))]
-    c = np.array(correct, dtype=float)
-    return Group(Problem(pid, "q"), [0], rollouts, rewards=c[:, None], reward_names=("acc",), correct=c)
-
-
-def problems(*ids: str) -> list[Problem]:
-    return [Problem(q, q) for q in ids]
+from adarl.types import merge
+from allocation_groups import group, problems
 
 
 def test_reinforce_ada_elimination_sequence_by_hand():

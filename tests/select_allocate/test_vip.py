@@ -10,13 +10,8 @@ import pytest
 from adarl import registry
 from adarl.allocate.vip import allocate as vip_allocate
 from adarl.select.store import DifficultyStore
-from adarl.types import Group, Problem, Rollout
-
-
-def group(pid: str, correct: list[int], length: int = 3) -> Group:
-    rollouts = [Rollout(pid, [1] * length, [0.0] * length, "stop", text=f"{pid}{i}") for i in range(len(correct))]
-    c = np.array(correct, dtype=float)
-    return Group(Problem(pid, "q"), [0], rollouts, rewards=c[:, None], reward_names=("acc",), correct=c)
+from adarl.types import Problem
+from allocation_groups import group
 
 
 def test_vip_allocation_minimises_the_variance_by_hand():
