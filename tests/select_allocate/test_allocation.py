@@ -13,7 +13,8 @@ from adarl.allocate.xrpo import Xrpo, half_width, t_quantile
 from adarl.budget import Budget
 from adarl.select.gdro import pass_at_k_latest
 from adarl.select.store import DifficultyStore
-from adarl.types import Group, Problem, Rollout, merge
+from adarl.types import Group, Problem, Rollout
+from allocation_groups import drive_step
 
 
 def group(pid: str, correct: list[int], length: int = 5) -> Group:
@@ -112,19 +113,7 @@ def test_allocators_never_exceed_the_step_rollouts(spec, limit, k, seed):
     budget.start_step()
     want = allocator.candidates(k)
     problems = [Problem(q, "x") for q in rng.choice(ids, size=min(want, len(ids)), replace=False)]
-    counts = allocator.plan(problems, store, budget)
-    groups: dict[str, Group] = {}
-    while counts:
-        assert all(n > 0 for n in counts.values())
-        fresh = [group(q, rng.integers(0, 2, size=n).tolist(), length=int(rng.integers(1, 16)))
-                 for q, n in counts.items()]
-        budget.spend([r for g in fresh for r in g.rollouts])
-        assert budget.step_rollouts <= limit
-        store.update(fresh, 4)
-        merge(groups, fresh)
-        counts = allocator.more(list(groups.values()), store, budget)
-    assert budget.step_rollouts <= limit
-    allocator.finish(list(groups.values()))
+    drive_step(allocator, problems, store, budget, rng, 4, make=group)
 
 
 def test_fit_is_exact_and_proportional():

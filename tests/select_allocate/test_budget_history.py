@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from adarl import registry
 from adarl.budget import Budget
 from adarl.select.store import DifficultyStore
-from adarl.types import Group, Problem, merge
-from allocation_groups import group
+from adarl.types import Problem
+from allocation_groups import drive_step
 
 ALLOCATORS = [{"name": "knapsack", "n": 4, "min_buffer_length": 2, "max_n": 16},
               {"name": "knapsack", "n": 8, "robust": True, "cost_estimation": "expectation"},
@@ -30,16 +30,4 @@ def test_allocators_with_a_history_never_exceed_the_step_rollouts(spec, limit, k
         budget = Budget(rollouts_per_step=limit, expected_length=8)
         budget.start_step()
         chosen = [Problem(q, "x") for q in rng.choice(ids, size=allocator.candidates(k), replace=False)]
-        counts = allocator.plan(chosen, store, budget)
-        groups: dict[str, Group] = {}
-        while counts:
-            assert all(n > 0 for n in counts.values())
-            fresh = [group(q, rng.integers(0, 2, size=n).tolist(), length=int(rng.integers(1, 16)))
-                     for q, n in counts.items()]
-            budget.spend([r for g in fresh for r in g.rollouts])
-            assert budget.step_rollouts <= limit
-            store.update(fresh, step)
-            merge(groups, fresh)
-            counts = allocator.more(list(groups.values()), store, budget)
-        assert budget.step_rollouts <= limit
-        assert all(g.size for g in allocator.finish(list(groups.values())))
+        assert all(g.size for g in drive_step(allocator, chosen, store, budget, rng, step))
