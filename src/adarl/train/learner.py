@@ -283,9 +283,10 @@ class Learner:
         logp, mask, sums = x.logp, x.mask, data.sums
         w = torch.tensor([seq_weight[i] for i in micro], dtype=torch.float32, device=self.device)[:, None]
         beh = x.beh_logp if x.beh_logp is not None else self._padded([data.rollouts[i].logprobs for i in micro], logp)
-        log_w = (x.old_logp - beh).detach()  # log π_old/π_sampler: the mismatch the correction weighs by
+        # log π_old/π_sampler on the trained tokens: the mismatch the correction weighs by (one copy to the host)
+        log_w, kept = (x.old_logp - beh).detach().cpu().numpy(), (mask > 0).cpu().numpy()
         for j, i in enumerate(micro):
-            data.log_ratios[i] = log_w[j][mask[j] > 0].cpu().numpy()
+            data.log_ratios[i] = log_w[j][kept[j]]
         corrected = {}
         if self.cfg.mismatch.correct:  # resolved by build_learner; None (a Learner built by hand) is off
             m = self.cfg.mismatch
