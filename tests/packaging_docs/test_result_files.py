@@ -1,9 +1,9 @@
 """The README's headline figures are result files, quoted as stored.
 
-bench/results/quickstart/quickstart.json holds make demo's figures: the timed run's (wall time, peak RSS, the
-printed lines; unsourced, its files were not kept) and a reproduction's curve, cut from its committed
-metrics.jsonl. The pages that quote them must quote them exactly, and the printed lines' tokens, rewards and
-pass rates must be the reproduction's, formatted as adarl prints them.
+bench/results/quickstart/quickstart.json holds make demo's figures: the timed run's wall time, peak RSS and
+printed lines, and its curve, cut from its committed metrics.jsonl (the `/usr/bin/time -v` output beside it).
+The pages that quote them must quote them exactly, and the printed lines' tokens, rewards and pass rates must
+be the run's metrics, formatted as adarl prints them.
 """
 
 from __future__ import annotations
@@ -31,10 +31,21 @@ def stored() -> dict[str, Any]:
 
 
 def test_the_curve_is_cut_from_the_committed_metrics():
-    reproduced = stored()["reproduced"]
-    rows = [json.loads(line) for line in (ROOT / reproduced["metrics"]).read_text().splitlines()]
+    timed = stored()["timed"]
+    rows = [json.loads(line) for line in (ROOT / timed["metrics"]).read_text().splitlines()]
     keys = ("step", "tokens", "reward", "pass_rate", "eval/pass@1", "wall_s")
-    assert reproduced["curve"] == [{k: row[k] for k in keys if k in row} for row in rows]
+    assert timed["curve"] == [{k: row[k] for k in keys if k in row} for row in rows]
+
+
+def test_the_time_and_memory_are_the_time_outputs():
+    timed = stored()["timed"]
+    out = (ROOT / timed["time"]).read_text()
+    seconds = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): (\d+):([\d.]+)", out)
+    assert int(seconds[1]) * 60 + float(seconds[2]) == pytest.approx(timed["wall_s"])
+    assert timed["wall"] == f"{int(seconds[1])} min {round(float(seconds[2]))} s"
+    assert f"Maximum resident set size (kbytes): {timed['peak_rss_kib']}" in out
+    assert timed["peak_rss_gib"] == round(timed["peak_rss_kib"] / 2**20, 2)
+    assert all(line.replace("runs/quickstart-…", "/tmp/quickstart-timed") in out for line in timed["printed"])
 
 
 def printed(row: dict[str, Any], steps: int, tokens_per_s: float) -> str:
@@ -45,10 +56,10 @@ def printed(row: dict[str, Any], steps: int, tokens_per_s: float) -> str:
     return f"step {row['step']}/{steps} | {stats} | eta "
 
 
-def test_the_printed_lines_are_the_reproduced_run():
-    """Tokens, reward and pass rate are the reproduction's; tok/s and eta are the timed run's own (unsourced)."""
+def test_the_printed_lines_are_the_runs_metrics():
+    """Tokens, reward and pass rate are the run's metrics; tok/s and eta are the printed line's own."""
     figures = stored()
-    curve = {row["step"]: row for row in figures["reproduced"]["curve"]}
+    curve = {row["step"]: row for row in figures["timed"]["curve"]}
     *lines, done = figures["timed"]["printed"]
     for line in lines:
         step, tokens_per_s = int(line.split()[1].split("/")[0]), float(line.split(" tok/s")[0].split()[-1])
@@ -60,7 +71,7 @@ def test_the_printed_lines_are_the_reproduced_run():
 
 def quotes(figures: dict[str, Any]) -> list[tuple[str, ...]]:
     """Every figure a page quotes, as the pages write it; of a tuple of ways, one is enough."""
-    timed, curve = figures["timed"], figures["reproduced"]["curve"]
+    timed, curve = figures["timed"], figures["timed"]["curve"]
     evals = [row for row in curve if "eval/pass@1" in row]
     steps = ", ".join(str(row["step"]) for row in evals[:-1]) + f" and {evals[-1]['step']}"
     tokens = ", ".join(format_count(row["tokens"]) for row in evals[1:-1]) + f" and {format_count(evals[-1]['tokens'])}"
@@ -68,7 +79,7 @@ def quotes(figures: dict[str, Any]) -> list[tuple[str, ...]]:
     table = "\n".join(f"| {row['step']} | {format_count(row['tokens'])} | {row['eval/pass@1']:.2f} |" for row in evals)
     rss = f"a peak RSS of **{timed['peak_rss_gib']} GiB** ({timed['peak_rss_kib']:,} KiB)"
     return [("\n".join(timed["printed"]),), (f"{timed['wall']} wall time and {rss}",), (sentence, table),
-            ("bench/results/quickstart/quickstart.json",), ("**unsourced**",)]
+            ("bench/results/quickstart/quickstart.json",), ("bench/results/quickstart/timed/",)]
 
 
 def unquoted(figures: dict[str, Any], text: str) -> list[tuple[str, ...]]:
@@ -85,7 +96,7 @@ def test_a_page_quotes_the_stored_figures(page):
 def test_the_quickstart_header_quotes_them_too():
     figures = stored()
     header = (ROOT / "recipes" / "quickstart.yaml").read_text().split("\nname:")[0]
-    evals = [row for row in figures["reproduced"]["curve"] if "eval/pass@1" in row]
+    evals = [row for row in figures["timed"]["curve"] if "eval/pass@1" in row]
     for quoted in (f"peak RSS {figures['timed']['peak_rss_gib']} GiB", f"{figures['timed']['wall']} for 30 steps",
                    f"({format_count(evals[-1]['tokens'])} generated tokens)",
                    " -> ".join(f"{row['eval/pass@1']:.2f}" for row in evals)):
@@ -94,10 +105,10 @@ def test_the_quickstart_header_quotes_them_too():
 
 def test_the_check_sees_a_figure_quoted_otherwise():
     figures = stored()
-    figures["timed"]["wall"] = "8 min 3 s"
+    figures["timed"]["wall"] = "3 min 58 s"
     assert unquoted(figures, (ROOT / "README.md").read_text())
-    row = {**stored()["reproduced"]["curve"][10], "reward": 0.25}
-    assert not stored()["timed"]["printed"][1].startswith(printed(row, 30, 301.3))
+    row = {**stored()["timed"]["curve"][10], "reward": 0.25}
+    assert not stored()["timed"]["printed"][1].startswith(printed(row, 30, 300.9))
 
 
 #: the pages that quote results: the READMEs, docs and the recipes' headers
