@@ -8,11 +8,16 @@
     table = api.compare(["a.yaml", "b.yaml"], seeds=3, budget_tokens=6000, out="runs/cmp")
 
 Input is checked as the CLI checks it, with the same messages: a bad recipe or option raises
-`RecipeError` (or `ValueError`) before any model loads and before anything is written.
+`RecipeError` (or `ValueError`) before any model loads and before anything is written. What the CLI
+prints as `warning: ...` (a token budget below one full step: its first step's groups are trimmed) is a
+`UserWarning` here. As the CLI does, `train` and `evaluate` hide vLLM's start-up notices that say
+nothing a user can act on (`adarl.quiet`); `train` says so in one line on stderr.
 """
 
 from __future__ import annotations
 
+import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -20,6 +25,7 @@ from typing import Any
 from adarl.config import Recipe, RecipeError
 from adarl.config import load_recipe as _load
 from adarl.preflight import check_run
+from adarl.quiet import quiet_start, start_note
 
 
 def load_recipe(source: str | Path | dict[str, Any] | Recipe,
@@ -41,9 +47,13 @@ def train(recipe: str | Path | dict[str, Any] | Recipe, run_dir: str | Path | No
     `callbacks`: objects with any of `on_step(step, row)`, `on_eval(step, metrics)`,
     `on_checkpoint(step, path)`, or plain functions called as `on_step`. Returning True from
     `on_step` or `on_eval` stops training after that step (checkpoint and `final/` are written).
+
+    A budget too small for one step's groups of two raises `RecipeError`; one below a full step warns
+    (`UserWarning`, the CLI's `warning: ...` line) and trains with the first step's groups trimmed.
     """
     from adarl.train.trainer import Trainer
 
+    quiet_start()
     if resume:
         if run_dir is None:
             raise RecipeError("resume needs the run directory")
@@ -51,10 +61,13 @@ def train(recipe: str | Path | dict[str, Any] | Recipe, run_dir: str | Path | No
     else:
         loaded = load_recipe(recipe, overrides)
     target = Path(run_dir) if run_dir is not None else Path("runs") / loaded.name
-    check_run(loaded, target, resume)
+    for warning in check_run(loaded, target, resume):
+        warnings.warn(warning, UserWarning, stacklevel=2)
     if loaded.cluster.learner_ranks > 1:  # the CLI starts and watches them (train/ray_ranks.py)
         raise RecipeError(f"cluster.learner_ranks {loaded.cluster.learner_ranks}: learner ranks on Ray start from "
                           "the command line (`adarl train RECIPE`); here set cluster.learner_ranks 1")
+    if note := start_note(loaded):
+        print(note, file=sys.stderr)
     return Trainer(loaded, target).run(resume=resume, callbacks=callbacks)
 
 
@@ -66,6 +79,7 @@ def evaluate(model_or_run: str | Path, tasks: Sequence[str] = (), *, k: Sequence
     `tasks`: recipe files or reasoning-gym generator names (default: the run's own task)."""
     from adarl import evaluate as ev
 
+    quiet_start()
     ks = ev.parse_ks(",".join(str(x) for x in k))
     target = ev.resolve_target(str(model_or_run))
     resolved = ev.resolve_tasks(list(tasks), target, None)
@@ -78,7 +92,8 @@ def evaluate(model_or_run: str | Path, tasks: Sequence[str] = (), *, k: Sequence
 def compare(recipes: Sequence[str | Path], *, budget_tokens: int, seeds: int = 5, out: str | Path | None = None,
             overrides: Sequence[str] = (), **options: Any) -> dict[str, Any]:
     """Train every recipe with every seed at one token budget and aggregate them, as `adarl compare`
-    (`options`: the other keyword arguments of `adarl.compare.compare`)."""
+    (`options`: the other keyword arguments of `adarl.compare.compare`); a budget below one full step of a
+    recipe warns (`UserWarning`), as in `train`."""
     from adarl import compare as cmp
 
     if budget_tokens < 1 or seeds < 1:
@@ -91,4 +106,5 @@ def compare(recipes: Sequence[str | Path], *, budget_tokens: int, seeds: int = 5
                 validate_callable(rw.function)
     names = [Path(r).stem for r in recipes]
     target = Path(out) if out is not None else Path("runs") / ("compare-" + "-vs-".join(names))
+    options.setdefault("warn", lambda w: warnings.warn(w, UserWarning, stacklevel=2))
     return cmp.compare([Path(r) for r in recipes], seeds, budget_tokens, target, extra=list(overrides), **options)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import logging
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from typer.core import TyperCommand, TyperGroup
+
+from adarl.quiet import quiet_start, start_note
 
 if TYPE_CHECKING:
     import click
@@ -70,62 +71,13 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
-#: third-party start-up notices before step 1 that say nothing a user can act on, by logger: vLLM's about adarl's
-#: own settings (its engine in-process with adarl's seed, chunked prefill off and eager mode on a CPU, token
-#: prompts) and about the CPU build's platform (no triton-cpu, tcmalloc and Intel OpenMP not preloaded), said
-#: instead in one adarl line (VLLM_CPU_NOTE). Any other record of these loggers still shows.
-QUIET = {
-    "vllm.engine.arg_utils": ("The global random seed is set to", "does not officially support disabling chunked"),
-    "vllm.config.vllm": ("Enforce eager set", "Inductor compilation was disabled", "Model Runner V2 requires Triton"),
-    "vllm.platforms.cpu": ("Triton is not installed", "Reset SSM cache type"),
-    "vllm.triton_utils.importing": ("Triton is installed, but doesn't include CPU backend",),
-    "vllm.v1.worker.cpu_worker": ("is not found in LD_PRELOAD",),
-    "vllm.v1.engine.input_processor": ("Passing raw prompts to InputProcessor is deprecated",),
-}
-VLLM_CPU_NOTE = ("vllm: its CPU engine's start-up notices are hidden (VLLM_LOGGING_LEVEL=INFO "
-                 "TORCH_CPP_LOG_LEVEL=WARNING show them); for speed vLLM suggests triton-cpu and preloading tcmalloc "
-                 "and Intel OpenMP (LD_PRELOAD, its CPU install guide)")
-
-
-class _Drop(logging.Filter):
-    def __init__(self, texts: tuple[str, ...]) -> None:
-        super().__init__()
-        self.texts = texts
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        return not any(text in message for text in self.texts)
-
-
-def _cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
-def _quiet_start() -> None:
-    """The QUIET notices filtered at their loggers, and torch's C++ log lines below errors (vLLM's CPU worker's
-    NUMA binding notice comes from there): TORCH_CPP_LOG_LEVEL is read when torch loads, which no command has
-    done yet. vLLM's kernel scan reads a deprecated torch attribute; that FutureWarning is dropped at its module."""
-    import os
-    import warnings
-
-    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-    for name, texts in QUIET.items():
-        logger = logging.getLogger(name)
-        if not any(isinstance(f, _Drop) for f in logger.filters):
-            logger.addFilter(_Drop(texts))
-    warnings.filterwarnings("ignore", message="`torch.distributed.reduce_op` is deprecated", category=FutureWarning,
-                            module=r"vllm\.")
-
-
 @app.callback()
 def main(
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
                                           help="print adarl's version and exit")] = False,
 ) -> None:
     """adarl: adaptive, budgeted RL post-training for language models."""
-    _quiet_start()
+    quiet_start()
 
 
 def _fail(message: str) -> None:
@@ -209,10 +161,8 @@ def train(
         # the same checks as the Python API's train
         for warning in check_run(loaded, target, resume is not None, None if resume is not None else recipe):
             typer.secho(f"warning: {warning}", fg=typer.colors.YELLOW, err=True)
-        from adarl.config import resolve_backend
-
-        if resolve_backend(loaded) == "vllm" and not _cuda():  # what _quiet_start hid, in one line
-            typer.echo(VLLM_CPU_NOTE, err=True)
+        if note := start_note(loaded):  # what quiet_start hid, in one line
+            typer.echo(note, err=True)
     except RecipeError as err:
         _fail(str(err))
     except (ValueError, ImportError) as err:

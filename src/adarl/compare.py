@@ -220,10 +220,11 @@ def write_comparison(out: Path, result: dict[str, Any]) -> Path:
 def compare(recipes: Sequence[str | Path], seeds: int, budget_tokens: int, out: Path, *, extra: Sequence[str] = (),
             target: float | None = None, target_gain: float = TARGET_GAIN, baseline: str | None = None,
             ray_address: str | None = None, echo: Callable[[str], None] = print,
-            keep_checkpoints: bool = False, eval_points: int = EVAL_POINTS) -> dict[str, Any]:
-    """Run (or resume) the comparison, then aggregate it into ``OUT/comparison.json``."""
+            keep_checkpoints: bool = False, eval_points: int = EVAL_POINTS,
+            warn: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+    """Run (or resume) the comparison, then aggregate it into ``OUT/comparison.json`` (`warn`: as `plan`'s)."""
     out = Path(out)
-    jobs = plan(recipes, range(seeds), budget_tokens, out, extra, eval_points)
+    jobs = plan(recipes, range(seeds), budget_tokens, out, extra, eval_points, warn)
     names = list(dict.fromkeys(j.name for j in jobs))
     paths = [str(next(j.recipe for j in jobs if j.name == n)) for n in names]
     base = pick_baseline(names, baseline, paths)

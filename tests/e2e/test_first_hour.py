@@ -145,6 +145,36 @@ def test_budget_below_one_step_of_pairs_is_refused_before_the_model(tmp_path, no
         check_groups(per_step)
 
 
+def test_the_api_warns_of_a_budget_below_one_full_step_before_the_model(tmp_path, no_model, monkeypatch):
+    """`adarl train` prints `warning: budget.max_tokens 200 is below one full step ...`; `api.train` dropped it
+    (and `api.compare` the `--budget-tokens` one). Now each is a UserWarning, given before any model loads or
+    any run starts. 8 prompts × 4 rollouts × 8 tokens = 256 for the full step, 128 for pairs: 200 trims."""
+    import yaml
+
+    import adarl.compare
+    from adarl import api
+
+    model = tmp_path / "model-never-loaded"  # found by the file check (preflight.check_files), never loaded
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    recipe = {"name": "small", "model": {"path": str(model)}, "rollout": {"backend": "hf", "max_new_tokens": 8},
+              "task": {"source": "reasoning_gym", "name": "basic_arithmetic"},
+              "budget": {"max_tokens": 200, "prompts_per_step": 8}, "allocate": {"name": "fixed", "n": 4}}
+    below = r"is below one full step of small \(32 rollouts × 8 new tokens = 256 tokens\)"
+    with pytest.warns(UserWarning, match=f"^budget.max_tokens 200 {below}"), \
+            pytest.raises(AssertionError, match="a model was loaded"):
+        api.train(recipe, run_dir=tmp_path / "run")
+
+    def no_runs(*args, **kwargs):
+        raise AssertionError("a run was started")
+
+    monkeypatch.setattr(adarl.compare, "run_jobs", no_runs)
+    (tmp_path / "small.yaml").write_text(yaml.safe_dump(recipe))
+    with pytest.warns(UserWarning, match=f"^--budget-tokens 200 {below}"), \
+            pytest.raises(AssertionError, match="a run was started"):
+        api.compare([tmp_path / "small.yaml"], budget_tokens=200, seeds=1, out=tmp_path / "cmp")
+
+
 def test_groups_of_one_are_flagged_unless_only_the_last_step_has_them():
     from adarl.metrics.health import check
 
@@ -319,7 +349,7 @@ def test_the_lines_before_step_1_are_adarls_own(tiny_model_dir, tmp_path):
 
     import yaml
 
-    from adarl.cli import VLLM_CPU_NOTE
+    from adarl.quiet import VLLM_CPU_NOTE
 
     data = tmp_path / "task.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"Say a {i}", "answer": "a"}) + "\n" for i in range(20)))
@@ -342,3 +372,31 @@ def test_the_lines_before_step_1_are_adarls_own(tiny_model_dir, tmp_path):
     assert before == [VLLM_CPU_NOTE], said
     rest = said.replace(VLLM_CPU_NOTE, "")
     assert "WARNING" not in rest and "Warning" not in rest, said
+
+
+@pytest.mark.parametrize("entry", ["train", "evaluate"])
+def test_the_api_starts_as_quietly_as_the_cli(entry, tmp_path, monkeypatch):
+    """Only `adarl`'s own entry point hid vLLM's start-up notices; a notebook's `api.train` or `api.evaluate` showed
+    them all. Now both install the filters (and TORCH_CPP_LOG_LEVEL) first: here on a call that then fails."""
+    import logging
+    import os
+
+    from adarl import api
+    from adarl.config import RecipeError
+    from adarl.quiet import QUIET
+
+    for name in QUIET:  # as in a fresh process: no filter installed yet
+        monkeypatch.setattr(logging.getLogger(name), "filters", [])
+    monkeypatch.delenv("TORCH_CPP_LOG_LEVEL", raising=False)
+    if entry == "train":
+        with pytest.raises(RecipeError, match="recipe file not found"):
+            api.train(tmp_path / "missing.yaml")
+    else:
+        with pytest.raises(FileNotFoundError, match="not found"):
+            api.evaluate(tmp_path / "missing")
+    for name, texts in QUIET.items():
+        logger = logging.getLogger(name)
+        for text in texts:
+            assert not logger.filter(logging.makeLogRecord({"msg": f"WARNING {text} (a notice)"})), (name, text)
+        assert logger.filter(logging.makeLogRecord({"msg": "a notice a user can act on"})), name
+    assert os.environ["TORCH_CPP_LOG_LEVEL"] == "ERROR"
