@@ -145,9 +145,11 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 #: test files that share a resource run on one `make test` worker, one after another: the Ray tests each start
 #: a private cluster (and one checks what listens), so never two at once
 SHARED_GROUPS = {"ray": ("cluster/test_ray_pool.py", "cluster/test_ray_learners.py", "cluster/test_cluster_exposure.py",
-                         "hostile/test_swarm_hostile.py", "metrics/test_compare.py")}
+                         "hostile/test_swarm_hostile.py", "metrics/test_compare.py",
+                         "cluster/test_ray_doc_commands.py")}
 #: files whose tests share no module fixture and each run for long: spread over the workers test by test
-SPLIT_FILES = ("benchmarks/test_bench_smoke.py", "benchmarks/test_bench.py", "train/test_resume_components.py")
+SPLIT_FILES = ("benchmarks/test_bench_smoke.py", "benchmarks/test_bench.py", "train/test_resume_components.py",
+               "packaging_docs/test_doc_commands.py")
 #: the longest groups first (bench/results/test_profile/), so that no worker is left running one alone at the end
 LONGEST_FIRST = ("e2e/test_real_model.py", "ray", "train/test_sharded.py", "models/test_device.py",
                  "train/test_crash.py", "benchmarks/test_bench_smoke.py", "rollout/test_vllm.py",

@@ -18,14 +18,25 @@ if TYPE_CHECKING:
 
 
 
+#: the word `--help` shows after an option, by the type typer 0.29 would show (`<int range>`, `<list[str]>`)
+METAVARS = {"int": "N", "int range": "N", "float": "X", "float range": "X", "path": "PATH", "str": "TEXT"}
+
+
 class _BareFlags:
-    """`--help` without a type after on/off flags (typer 0.29 prints `<bool>` beside each, `--help` too)."""
+    """`--help` in plain words: nothing after an on/off flag (typer 0.29 prints `<bool>` beside each, `--help`
+    too), a word for the value an option takes (`--seeds N`), an argument by its name (`RECIPES...`)."""
 
     def get_params(self, ctx: click.Context) -> list[click.Parameter]:
         params = super().get_params(ctx)  # type: ignore[misc]
         for param in params:
             if getattr(param, "is_flag", False):
                 param.metavar = ""
+            elif param.param_type_name == "argument":
+                param.metavar = (param.name or "").upper()
+                param.display_type_rich = lambda ctx: None  # type: ignore[method-assign]  # not `RECIPE <str>`
+            elif param.metavar is None and hasattr(param, "display_type"):
+                shown = str(param.display_type(ctx) or "").strip("<>").removeprefix("list[").removesuffix("]")
+                param.metavar = METAVARS.get(shown.lower())
         return params
 
 
@@ -60,6 +71,7 @@ class _Group(_BareFlags, TyperGroup):
 
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, cls=_Group,
+                  rich_markup_mode=None,
                   help="adarl: adaptive, budgeted RL post-training for language models.")
 
 
@@ -215,7 +227,7 @@ def train(
         typer.secho(f"health: {flag}", fg=typer.colors.YELLOW)
 
 
-@app.command(cls=_Command)
+@app.command(cls=_Command, short_help="Supervised fine-tuning (OTR or NLL) on a recipe's task.")
 def sft(
     recipe: Annotated[str, typer.Argument(help="recipe YAML file (model, task, train, budget.max_steps)")],
     overrides: Annotated[list[str] | None, typer.Argument(help="dotted.key=value overrides")] = None,
@@ -287,7 +299,7 @@ REPORT_HELP = (
 )
 
 
-@app.command("eval", help=EVAL_HELP, cls=_Command)
+@app.command("eval", help=EVAL_HELP, cls=_Command, short_help="Held-out pass@k, avg@k and greedy pass@1.")
 def eval_(
     model_or_run: Annotated[str, typer.Argument(
         help="a model (alias such as smollm2-135m, HF folder, .gguf file), a run directory (its final/ "
@@ -356,7 +368,7 @@ def eval_(
         typer.echo(f"wrote {path}")
 
 
-@app.command(help=COMPARE_HELP, cls=_Command)
+@app.command(help=COMPARE_HELP, cls=_Command, short_help="Recipes × seeds at one token budget, compared.")
 def compare(
     recipes: Annotated[list[Path], typer.Argument(help="recipe YAML files; the first is the baseline")],
     budget_tokens: Annotated[int, typer.Option("--budget-tokens", min=1, max=10**15,
@@ -395,6 +407,12 @@ def compare(
             import ray  # noqa: F401
         except ImportError:
             _fail("--ray needs the ray package: pip install 'adarl[ray]' (without --ray, runs are sequential)")
+        from adarl.cluster import connect
+
+        try:  # the cluster joined before any run is planned: none at the address is one error line
+            connect(ray_address)
+        except ValueError as err:
+            _fail(str(err).replace("cluster.address=", "--ray "))
     try:
         jobs = cmp.plan(recipes, range(seeds), budget_tokens, Path("."), set_ or [], eval_points,
                         warn=lambda w: typer.secho(f"warning: {w}", fg=typer.colors.YELLOW, err=True))
@@ -430,7 +448,7 @@ def compare(
         raise typer.Exit(code=1)
 
 
-@app.command(cls=_Command)
+@app.command(cls=_Command, short_help="The recipe's JSON schema, every component's options.")
 def schema(
     stage: Annotated[str | None, typer.Argument(help="only this stage's components (e.g. allocate)")] = None,
 ) -> None:
@@ -450,7 +468,7 @@ def schema(
     typer.echo(json.dumps(out, indent=1))
 
 
-@app.command(help=REPORT_HELP, cls=_Command)
+@app.command(help=REPORT_HELP, cls=_Command, short_help="A run's or comparison's report.html.")
 def report(
     run_or_comparison: Annotated[Path, typer.Argument(help="a run directory or an `adarl compare` directory")],
 ) -> None:

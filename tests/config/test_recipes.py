@@ -1,8 +1,7 @@
 """Every recipe in recipes/ loads, says what it is, and (where it runs on a CPU) trains one step.
 
-A tiny local model stands in for SmolLM2 (conftest.make_tiny_model_dir) and the sizes are cut to a
-couple of prompts of a few rollouts; everything else is the recipe's own: its task, rewards, selector,
-allocator, estimator, shapings, loss, scheduler mode, branching, hints, teacher or agent. The recipes
+A tiny local model stands in for SmolLM2 and the sizes are cut to a couple of prompts of a few rollouts
+(tests/config/stand_in.py); everything else is the recipe's own. The recipes
 that name a Hub model (recipes/gsm8k_qwen2.5_*.yaml: tests/config/test_gpu_recipes.py trains them with a cached
 GSM8K) and the Ray one (tests/cluster/test_ray_pool.py starts a real local cluster) are loaded and not trained here.
 """
@@ -19,6 +18,7 @@ import pytest
 
 from adarl.config import load_recipe
 from adarl.train.trainer import Trainer
+from stand_in import stand_in_overrides
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = sorted(p.name for p in (ROOT / "recipes").glob("*.yaml"))
@@ -65,37 +65,11 @@ def test_a_recipe_loads_and_its_header_says_what_it_shows(name, tmp_path, monkey
     assert recipe.name in (stem, stem.replace("_", "-")), f"{name}: name {recipe.name!r} is not the file's"
 
 
-def stand_in_overrides(recipe_name: str, model_dir: Path, data: dict) -> dict:
-    """The recipe at test size: the tiny model, hf on one CPU thread, 1 step of 2 prompts x 4 rollouts."""
-    recipe = load_recipe(ROOT / "recipes" / recipe_name, data)
-    over = {**data,
-        "model.path": str(model_dir), "model.device": "cpu", "model.threads": 1,
-        "rollout.backend": "hf", "rollout.max_new_tokens": 8, "reward_workers": 1,
-        "budget.max_steps": 1, "budget.prompts_per_step": 2, "train.micro_batch_tokens": 512,
-        "task.eval_size": 2, "eval.every": 0, "eval.at_start": False, "checkpoint.every": 0,
-        "log.trackers": [], "log.progress": False, "log.rollouts_every": 0,
-    }
-    if recipe.task.mixture:  # a mixed pool: its shares' sizes are the task's, cut each share instead
-        over.pop("task.eval_size")
-        over["task.mixture"] = [{**share.model_dump(exclude_none=True), "size": 6, "eval_size": 1}
-                                for share in recipe.task.mixture]
-    elif recipe.task.source not in ("humaneval", "hf_datasets"):
-        over["task.size"] = 16
-    allocate = recipe.allocate if isinstance(recipe.allocate, dict) else recipe.allocate.model_dump()
-    if "n" in allocate:
-        over["allocate.n"] = 4
-    if "n_max" in allocate:
-        over["allocate.n_max"] = 8
-    if recipe.rollout.agent is not None:
-        over["rollout.agent.max_context_tokens"] = 64
-    return over
-
-
 @pytest.mark.parametrize("name", [r for r in RECIPES if r not in NOT_TRAINED_HERE])
 def test_a_recipe_trains_one_step_on_the_cpu_with_a_tiny_stand_in(name, tiny_model_dir, tmp_path, monkeypatch):
     # hf_datasets.yaml: the dataset its header makes first
     data = trl_dataset(tmp_path / "arith-trl", monkeypatch) if name == "hf_datasets.yaml" else {}
-    over = stand_in_overrides(name, tiny_model_dir, data)
+    over = stand_in_overrides(ROOT / "recipes" / name, tiny_model_dir, data)
     recipe = load_recipe(ROOT / "recipes" / name, over)
     Trainer(recipe, tmp_path / "run").run()
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

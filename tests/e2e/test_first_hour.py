@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -208,6 +209,21 @@ def test_help_shows_no_type_after_flags(command):
     said = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "100"})
     assert said.exit_code == 0 and "--help" in said.output
     assert "<bool>" not in said.output and "bool" not in said.output.lower().replace("boolean", ""), said.output
+
+
+@pytest.mark.parametrize("command", [[], ["train"], ["compare"], ["eval"], ["sft"], ["report"], ["schema"]])
+def test_help_reads_whole_at_80_columns(command):
+    """Every option and argument named whole with a plain word for its value (`--seeds N`, not `<int range>`),
+    every command's summary whole in `adarl --help`: the boxed help cut `--keep-checkpoin…` at 80 columns and the
+    plain one cut summaries to `Train each recipe with each seed under the same...`."""
+    said = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "80"}, prog_name="adarl")
+    lines = said.output.splitlines()
+    assert said.exit_code == 0 and all(len(line) <= 80 for line in lines), said.output
+    summaries = lines[lines.index("Commands:") + 1:] if "Commands:" in lines else []
+    assert "…" not in said.output and not any(line.endswith("...") for line in summaries), said.output
+    assert not re.search(r"<(int|float|str|bool|path|list)[^>]*>", said.output, re.I), said.output
+    if command == ["compare"]:
+        assert "--keep-checkpoints" in said.output and "--seeds N " in said.output and "RECIPES" in said.output
 
 
 def test_schema_describes_components_and_fields_from_the_code():

@@ -18,7 +18,7 @@ RAY_MISSING = "cluster.backend: ray (and cluster.sapo) need the ray package: pip
 def connect(address: str | None) -> bool:
     """Join the Ray cluster at `address`, or (None) start a private one on this machine, on loopback
     only (`start_private`), unless this process is connected already. True when this call started Ray
-    (its caller shuts it down)."""
+    (its caller shuts it down). No cluster at `address`: ValueError, saying how to start one."""
     try:
         import ray
     except ImportError as err:
@@ -28,7 +28,12 @@ def connect(address: str | None) -> bool:
     if address is None:
         start_private(max(1, os.cpu_count() or 1))
     else:
-        ray.init(address=address, log_to_driver=False)
+        try:
+            ray.init(address=address, log_to_driver=False)
+        except ConnectionError as err:  # no cluster there: one line, not Ray's traceback
+            raise ValueError(f"cluster.address={address}: no Ray cluster to join ({err}). Start one first "
+                             "(`ray start --head`: docs/getting-started/cluster.md), or leave cluster.address "
+                             "unset for a private Ray on this machine") from None
     return True
 
 
