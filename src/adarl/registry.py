@@ -14,10 +14,12 @@ names a module that registers components when imported.
 from __future__ import annotations
 
 import importlib
+import zlib
 from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import Any, TypeVar
 
+import numpy as np
 from pydantic import ConfigDict, TypeAdapter
 
 STAGES = ("select", "allocate", "shaping", "advantage", "tokens", "loss", "hints")
@@ -128,8 +130,14 @@ def component_class(stage: str, name: str) -> type:
         raise KeyError(name) from None
 
 
-def build(stage: str, spec: dict[str, Any]) -> Any:
-    """Build the component a recipe names: ``{"name": ..., **params}``."""
+def build(stage: str, spec: dict[str, Any], run_seed: int | None = None) -> Any:
+    """Build the component a recipe names: ``{"name": ..., **params}``. A component with a `seed` field that
+    the recipe leaves out draws from `run_seed` (the recipe's `seed`): its own stream of it, so that the seeds of
+    a comparison vary its draws as they vary sampling, and its draws are not the trainer's."""
     params = dict(spec)
-    cls = component_class(stage, params.pop("name"))
+    name = params.pop("name")
+    cls = component_class(stage, name)
+    if run_seed is not None and "seed" not in params and "seed" in getattr(cls, "__dataclass_fields__", {}):
+        stream = zlib.crc32(f"{stage}:{name}".encode())
+        params["seed"] = int(np.random.SeedSequence([run_seed, stream]).generate_state(2, np.uint64)[0] >> 1)
     return TypeAdapter(cls).validate_python(params)

@@ -220,6 +220,32 @@ def test_roc_keeps_failures_in_proportion_and_cleanest_successes():
     assert [r.text for r in out.rollouts] == ["<answer>5</answer>"] * 4
 
 
+def kept_by_stochastic_roc(roc) -> list[int]:
+    """Which of 16 rollouts (8 right, 8 wrong, all well formed) a stochastic RoC keeps: the draw alone decides."""
+    g = group("a", [1, 0] * 8)
+    for i, r in enumerate(g.rollouts):
+        r.text = f"<answer>{i}</answer>"
+    return [int(r.text[8:-9]) for r in roc.down_sample(g).rollouts]
+
+
+def test_a_component_seed_left_out_is_the_runs():
+    """RoC's stochastic draw, pilot-commit's pilots and polychromic's sets had `seed: 0` whatever the run's seed,
+    so the seeds of a comparison drew the same: the run's seed now sets it where the recipe does not."""
+    spec = {"name": "roc", "n": 4, "sampling": "stochastic"}
+    by_seed = {s: kept_by_stochastic_roc(registry.build("allocate", spec, run_seed=s)) for s in range(6)}
+    assert len({tuple(kept) for kept in by_seed.values()}) > 1, by_seed  # (C(8,2)² = 784 ways to keep 2 + 2)
+    assert kept_by_stochastic_roc(registry.build("allocate", spec, run_seed=3)) == by_seed[3]  # reproducible
+    # set in the recipe: its own, whatever the run's seed
+    assert registry.build("allocate", {**spec, "seed": 7}, run_seed=3).seed == 7
+    assert registry.build("allocate", {**spec, "seed": 7}, run_seed=4).seed == 7
+    # a stream of its own: not the run's seed itself (the trainer's generator draws from that)
+    assert registry.build("allocate", spec, run_seed=3).seed != 3
+    for stage, name in (("allocate", "pilot_commit"), ("advantage", "polychromic")):
+        seeds = {registry.build(stage, {"name": name}, run_seed=s).seed for s in range(4)}
+        assert len(seeds) == 4, (name, seeds)
+    assert not hasattr(registry.build("allocate", {"name": "fixed"}, run_seed=3), "seed")  # no seed: untouched
+
+
 # ---------------------------------------------------------------- the store
 
 def test_store_round_trip_and_parquet(tmp_path):
@@ -296,3 +322,21 @@ def test_adaptive_run_resumes_exactly(tiny_model_dir, tmp_path, monkeypatch, sel
     assert (tmp_path / "split" / "store.parquet").is_file()
     prompt_log = [json.loads(x) for x in (tmp_path / "split" / "prompts.jsonl").read_text().splitlines()]
     assert sorted({p["step"] for p in prompt_log}) == [1, 2, 3, 4]
+
+
+def test_the_trainer_gives_its_components_the_runs_seed(tiny_model_dir, tmp_path, monkeypatch):
+    from adarl.config import load_recipe
+    from adarl.train.trainer import Trainer
+    from test_train import recipe_data, write_task
+
+    monkeypatch.syspath_prepend(str(tmp_path.parent))
+    task = write_task(tmp_path)
+    built = {}
+    for seed in (1, 2):
+        recipe = load_recipe(data=recipe_data(tiny_model_dir, task, seed=seed,
+                                              allocate={"name": "roc", "n": 4, "sampling": "stochastic"},
+                                              advantage={"name": "polychromic"}, log={"progress": False}))
+        trainer = Trainer(recipe, tmp_path / f"seed{seed}")
+        built[seed] = (trainer.allocator.seed, trainer.estimator.seed)
+    assert built[1] != built[2] and all(s != 0 for pair in built.values() for s in pair), built
+    assert built[1][0] == registry.build("allocate", {"name": "roc"}, run_seed=1).seed

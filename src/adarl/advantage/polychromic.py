@@ -60,7 +60,7 @@ class Polychromic:
     n: int = Field(4, ge=2, le=4096)  # set size
     subsets: int = Field(32, ge=1, le=1_000_000)  # M: sets drawn per group
     outcome: Literal["last_number", "answer_tag", "boxed", "text"] = "last_number"
-    seed: int = 0
+    seed: int = 0  # the set draws'; unset in a recipe: the run's seed (registry.build)
 
     def __post_init__(self) -> None:
         self.calls = 0

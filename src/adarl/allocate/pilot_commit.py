@@ -77,7 +77,7 @@ class PilotCommit:
     gen_multiplier: int = Field(3, gt=0)  # B_g = gen_multiplier · B pilots a step
     sampling: Literal["random", "max_variance"] = "random"
     max_rounds: int = Field(10, gt=0)  # max_num_gen_batches
-    seed: int = 0
+    seed: int = 0  # the pilot draw's; unset in a recipe: the run's seed (registry.build)
 
     def __post_init__(self) -> None:
         self.rng = np.random.default_rng(self.seed)

@@ -76,7 +76,7 @@ class Roc(Stateless):
     error_ratio: bool = True  # rStar2's roc_error_ratio: add p_err to the penalty
     answer_format: bool = True  # rStar2's roc_answer_format: add p_fmt to the penalty
     sampling: Literal["deterministic", "stochastic"] = "deterministic"
-    seed: int = 0
+    seed: int = 0  # the stochastic draw's; unset in a recipe: the run's seed (registry.build)
 
     def __post_init__(self) -> None:
         self.rng = np.random.default_rng(self.seed)

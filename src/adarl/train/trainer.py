@@ -59,9 +59,9 @@ class Trainer:
         if recipe.train.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         self.selector = registry.build("select", recipe.select)
-        self.allocator = registry.build("allocate", recipe.allocate)
+        self.allocator = registry.build("allocate", recipe.allocate, recipe.seed)
         self.shapings = [registry.build("shaping", spec) for spec in recipe.shaping]
-        self.estimator = registry.build("advantage", recipe.advantage)
+        self.estimator = registry.build("advantage", recipe.advantage, recipe.seed)
         self.hints = registry.build("hints", recipe.hints) if recipe.hints is not None else None
         self.token_weightings = [registry.build("tokens", spec) for spec in recipe.tokens]
         loss = registry.build("loss", recipe.loss)
