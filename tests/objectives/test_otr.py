@@ -10,6 +10,7 @@ import yaml
 
 from adarl.config import load_recipe
 from adarl.loss.otr import nll_token_loss, otr_token_loss
+from adarl.train.logprobs import pack
 from adarl.train.sft import run_sft
 from test_train import recipe_data, write_task
 
@@ -118,6 +119,35 @@ def test_run_sft_raises_target_logprob(tiny_model_dir, tmp_path, objective):
     assert np.mean(logp[-3:]) > np.mean(logp[:3]) + 1.0, logp
     assert ("hit_fraction" in rows[-1]) == (objective == "otr")
     assert (tmp_path / "run" / "final" / "config.json").is_file()
+
+
+def test_sft_packs_its_micro_batches_as_the_learner_does(tiny_model_dir, tmp_path, monkeypatch):
+    """The same step on the learner's shared layout (rows end to end, the chat template's common prefix forwarded
+    once) as on right-padded rows: the same loss, log-probs and gradient, fewer tokens forwarded."""
+    import adarl.train.sft as sft
+
+    data = recipe_data(tiny_model_dir, write_task(tmp_path), budget={"max_steps": 2, "prompts_per_step": 4},
+                       train={"lr": 0.01}, log={"tensorboard": False})
+    data["rewards"] = [{"type": "short_answer"}]
+    forwarded: dict[str, list[int]] = {"shared": [], "padded": []}
+
+    def run(layout: str) -> list[dict]:
+        def counting(*args, **kw):
+            packed = pack(*args, **kw)
+            forwarded[layout].append(packed.tokens)
+            return packed
+
+        monkeypatch.setattr(sft, "pack", counting)
+        if layout == "padded":
+            monkeypatch.setattr(sft, "layout_for", lambda model: "padded")
+        run_sft(load_recipe(data=data), tmp_path / layout, objective="nll")
+        return [json.loads(line) for line in (tmp_path / layout / "metrics.jsonl").read_text().splitlines()]
+
+    shared, padded = run("shared"), run("padded")
+    for a, b in zip(shared, padded, strict=True):
+        for key in ("loss", "target_logprob", "grad_norm"):
+            assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-6), (key, a, b)
+    assert sum(forwarded["shared"]) < sum(forwarded["padded"]), forwarded
 
 
 def test_sft_command_line(tiny_model_dir, tmp_path):

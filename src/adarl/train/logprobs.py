@@ -268,7 +268,8 @@ def _head(lm_head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor,
     return logp, entropy, logp_all.gather(-1, extra)
 
 
-def _flat(model: torch.nn.Module, packed: Packed) -> torch.Tensor:
+def completion_hidden(model: torch.nn.Module, packed: Packed) -> torch.Tensor:
+    """(N, hidden) the decoder's hidden states that predict the completion tokens, in `source` order."""
     decoder = model.get_decoder()
     kw = {}
     if packed.attention is not None:  # packed rows: each token's own position and its sequence's tokens
@@ -310,7 +311,7 @@ def completion_logprobs(
     """
     lm_head = model.get_output_embeddings()
     packed = packed.to(lm_head.weight.device)
-    flat = _flat(model, packed)
+    flat = completion_hidden(model, packed)
     flat_targets = packed.targets[packed.completion_mask]
     flat_extra = extra_ids.to(flat.device)[packed.completion_mask] if extra_ids is not None else None
     logps, entropies, extras = [], [], []
@@ -341,7 +342,7 @@ def completion_topk(model: torch.nn.Module, packed: Packed, temperature: float =
     its k most likely tokens at each position, (b, Lc, k) ids and log-probs."""
     lm_head = model.get_output_embeddings()
     packed = packed.to(lm_head.weight.device)
-    flat = _flat(model, packed)
+    flat = completion_hidden(model, packed)
     flat_targets = packed.targets[packed.completion_mask]
     logps, ids, tops = [], [], []
     for start in range(0, flat.shape[0], chunk):

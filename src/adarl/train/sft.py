@@ -1,19 +1,22 @@
 """Supervised fine-tuning on a task's (prompt, answer) pairs, with plain NLL or OTR (loss/otr.py).
 
-Each step takes `budget.prompts_per_step` training problems (a seeded shuffle, epoch after epoch),
-trains on `prompt → answer + eos` with the loss on the answer tokens only (`target="solution"`, or
-any other column name: that column's text instead of the answer, e.g. reasoning-gym chain sums'
-worked solution "12 + 5 = 17; 17 - 3 = 14. The answer is 14.", a cold start that writes its steps),
-and writes one row to `metrics.jsonl`: `loss`, `target_logprob` (mean log π(answer token) before the
-update), and for OTR `hit_fraction` / `fallback_fraction`. Only the hidden states that predict
-answer tokens go through the lm head (answers are short, so their full-vocabulary logits are cheap;
-OTR samples from them).
+Each step takes `budget.prompts_per_step` training problems (a seeded shuffle, epoch after epoch), trains on
+`prompt → answer + eos` with the loss on the answer tokens only (`target="solution"`, or any other column name:
+that column's text instead of the answer, e.g. reasoning-gym chain sums' worked solution "12 + 5 = 17; 17 - 3 =
+14. The answer is 14.", a cold start that writes its steps), and writes one row to `metrics.jsonl`: `loss`,
+`target_logprob` (mean log π(answer token) before the update), for OTR `hit_fraction` / `fallback_fraction`, and
+`wall_s` (since the first step). The micro-batches are laid out as the RL learner's (train/logprobs.py `pack`:
+rows end to end without padding, a token prefix common to several examples, such as the chat template's system
+turn, forwarded once; right-padded rows where the attention takes no 4D mask). Only the hidden states that predict
+answer tokens go through the lm head (answers are short, so their full-vocabulary logits are cheap; OTR samples
+from them).
 The trained model is written to `run_dir/final`.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 from typing import Any, Literal
 
@@ -27,7 +30,7 @@ from adarl.models import chat_ids, load_model
 from adarl.tasks import build_task
 from adarl.train import checkpoint
 from adarl.train.learner import build_optimizer
-from adarl.train.logprobs import micro_batches, pack
+from adarl.train.logprobs import completion_hidden, layout_for, micro_batches, pack
 from adarl.types import Problem
 
 Example = tuple[list[int], list[int], list[float]]  # prompt ids, completion ids, 1 where trained
@@ -102,9 +105,11 @@ def run_sft(recipe: Recipe, run_dir: Path, objective: Literal["otr", "nll"] = "o
     generator = torch.Generator(device=device).manual_seed(recipe.seed)
     rng = np.random.default_rng(recipe.seed)
     order: list[int] = []
-    decoder, lm_head = model.get_decoder(), model.get_output_embeddings()
+    lm_head = model.get_output_embeddings()
+    layout = layout_for(model)  # the learner's: rows end to end, a common prefix (the chat template's) forwarded once
     model.train()
     last: dict[str, float] = {}
+    start = time.perf_counter()
     with MetricsWriter(run_dir, tensorboard=recipe.log.tensorboard) as writer:
         for step in range(1, steps + 1):
             if len(order) < per_step:  # a fresh shuffle once the epoch cannot fill a step
@@ -113,13 +118,13 @@ def run_sft(recipe: Recipe, run_dir: Path, objective: Literal["otr", "nll"] = "o
             n_tokens = int(sum(sum(m) for _, _, m in rows))
             sums = {"loss": 0.0, "target_logprob": 0.0, "hit_fraction": 0.0, "fallback_fraction": 0.0}
             lengths = [len(p) + len(c) for p, c, _ in rows]
-            for index in micro_batches(list(range(len(rows))), lengths, t.micro_batch_tokens):
+            seqs = [p + c for p, c, _ in rows] if layout == "shared" else None  # a common prefix counted once
+            for index in micro_batches(list(range(len(rows))), lengths, t.micro_batch_tokens, seqs):
                 micro = [rows[i] for i in index]
-                packed = pack([p for p, _, _ in micro], [c for _, c, _ in micro], pad_id)
-                keep = torch.tensor([x > 0 for _, _, m in micro for x in m])  # in `source` order: trained tokens
-                hidden = decoder(input_ids=packed.input_ids.to(device), use_cache=False).last_hidden_state
-                logits = lm_head(hidden.reshape(-1, hidden.shape[-1]).index_select(0, packed.source[keep].to(device)))
-                targets = packed.targets[packed.completion_mask][keep].to(device)
+                packed = pack([p for p, _, _ in micro], [c for _, c, _ in micro], pad_id, layout).to(device)
+                keep = torch.tensor([x > 0 for _, _, m in micro for x in m], device=device)  # trained tokens
+                logits = lm_head(completion_hidden(model, packed)[keep])
+                targets = packed.targets[packed.completion_mask][keep]
                 if objective == "otr":
                     loss, stats = otr_token_loss(logits, targets, k, generator, temperature, negative_reward,
                                                  baseline, target_fallback)
@@ -138,6 +143,7 @@ def run_sft(recipe: Recipe, run_dir: Path, objective: Literal["otr", "nll"] = "o
             row = {key: value / n_tokens for key, value in sums.items()}
             if objective == "nll":
                 del row["hit_fraction"], row["fallback_fraction"]
-            last = writer.write({"step": step, **row, "grad_norm": norm, "tokens": n_tokens})
+            last = writer.write({"step": step, **row, "grad_norm": norm, "tokens": n_tokens,
+                                 "wall_s": time.perf_counter() - start})
     checkpoint.save_model(run_dir / "final", model, tokenizer)
     return last
