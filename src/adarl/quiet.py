@@ -29,7 +29,9 @@ VLLM_CPU_NOTE = ("vllm: its CPU engine's start-up notices are hidden (VLLM_LOGGI
                  "and Intel OpenMP (LD_PRELOAD, its CPU install guide)")
 
 
-class _Drop(logging.Filter):
+class DropTexts(logging.Filter):
+    """Drops a logger's records whose message contains any of `texts`."""
+
     def __init__(self, texts: tuple[str, ...]) -> None:
         super().__init__()
         self.texts = texts
@@ -47,8 +49,8 @@ def quiet_start() -> None:
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     for name, texts in QUIET.items():
         logger = logging.getLogger(name)
-        if not any(isinstance(f, _Drop) for f in logger.filters):
-            logger.addFilter(_Drop(texts))
+        if not any(isinstance(f, DropTexts) and f.texts == texts for f in logger.filters):
+            logger.addFilter(DropTexts(texts))
     warnings.filterwarnings("ignore", message="`torch.distributed.reduce_op` is deprecated", category=FutureWarning,
                             module=r"vllm\.")
 

@@ -416,3 +416,21 @@ def test_the_api_starts_as_quietly_as_the_cli(entry, tmp_path, monkeypatch):
             assert not logger.filter(logging.makeLogRecord({"msg": f"WARNING {text} (a notice)"})), (name, text)
         assert logger.filter(logging.makeLogRecord({"msg": "a notice a user can act on"})), name
     assert os.environ["TORCH_CPP_LOG_LEVEL"] == "ERROR"
+
+
+def test_the_engines_own_filters_do_not_stop_the_quiet_start(monkeypatch):
+    """vLLM's engine drops two expected warnings with a filter of the same kind on a logger the quiet start also
+    filters (the CPU worker's): installed first, it must not keep the quiet start's texts from being dropped."""
+    import logging
+
+    from adarl.quiet import QUIET, quiet_start
+    from adarl.rollout.vllm import _quiet_expected_warnings
+
+    for name in {*QUIET, "vllm.model_executor.model_loader.reload.layerwise"}:
+        monkeypatch.setattr(logging.getLogger(name), "filters", [])
+    _quiet_expected_warnings()
+    quiet_start()
+    worker = logging.getLogger("vllm.v1.worker.cpu_worker")
+    for text in (*QUIET["vllm.v1.worker.cpu_worker"], "doesn't allow to use `torch.set_num_threads`"):
+        assert not worker.filter(logging.makeLogRecord({"msg": f"WARNING {text} (a notice)"})), text
+    assert worker.filter(logging.makeLogRecord({"msg": "a notice a user can act on"}))

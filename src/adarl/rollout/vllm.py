@@ -62,6 +62,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from adarl.config import RolloutConfig
 from adarl.engines import ENGINES
+from adarl.quiet import DropTexts
 from adarl.rollout.base import Progress, StopWhen, Weights
 from adarl.rollout.sampling import SampleStream, row_keys, splitmix64
 from adarl.rollout.weights import hf_weights
@@ -70,23 +71,12 @@ from adarl.types import Request, Rollout
 _SEED_MASK = (1 << 63) - 1
 
 
-class _DropExpected(logging.Filter):
-    """Drops a logger's records that contain `text`."""
-
-    def __init__(self, text: str) -> None:
-        super().__init__()
-        self.text = text
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return self.text not in record.getMessage()
-
-
 #: vLLM warnings that are expected in adarl's use and would read as faults: every weight push
 #: "fails" to load the rotary embedding's cache (a HF checkpoint never holds it; vLLM keeps its own,
 #: as it should), and the CPU worker refuses the trainer's torch.set_num_threads after binding threads
 _EXPECTED_WARNINGS = {
-    "vllm.model_executor.model_loader.reload.layerwise": _DropExpected("RotaryEmbedding: Failed to load weights"),
-    "vllm.v1.worker.cpu_worker": _DropExpected("doesn't allow to use `torch.set_num_threads`"),
+    "vllm.model_executor.model_loader.reload.layerwise": DropTexts(("RotaryEmbedding: Failed to load weights",)),
+    "vllm.v1.worker.cpu_worker": DropTexts(("doesn't allow to use `torch.set_num_threads`",)),
 }
 
 
