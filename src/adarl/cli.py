@@ -90,6 +90,10 @@ def main(
 ) -> None:
     """adarl: adaptive, budgeted RL post-training for language models."""
     quiet_start()
+    if not sys.stderr.isatty():  # piped to a log: no progress bars (transformers reads this when it loads)
+        import os
+
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
 def _fail(message: str) -> None:

@@ -235,7 +235,8 @@ class VllmGenerator:
                 logprobs_mode="processed_logprobs", enable_prefix_caching=True,
                 gpu_memory_utilization=vcfg.gpu_memory_utilization, enable_sleep_mode=self._sleep,
                 enforce_eager=vcfg.enforce_eager or not self._cuda,
-                max_model_len=max_len, **cpu, **self._lora_args(),
+                max_model_len=max_len, use_tqdm_on_load=sys.stderr.isatty(),  # no load bar in a piped log
+                **cpu, **self._lora_args(),
             )
         finally:
             shutil.rmtree(folder, ignore_errors=True)  # the engine holds the weights now
