@@ -47,6 +47,22 @@ def test_eval_below_start_and_where_it_began():
     assert health.eval_below_start(rows(**{"eval/pass@1": [0.40, 0.45, 0.39]})) is None
 
 
+def test_a_fall_within_the_noise_of_the_problems_scored_is_not_flagged():
+    """1.96·√(p₀(1−p₀)/n + p₁(1−p₁)/n) by hand. A 1-step quickstart on 10 problems went 0.5 -> 0.3 and was
+    flagged; that is noise: √(0.025 + 0.021) = 0.214, ×1.96 = 0.420 > 0.2."""
+    def evals(p, n):
+        return rows(**{"eval/pass@1": p, "eval/problems": [n] * len(p)})
+
+    assert health.eval_below_start(evals([0.5, 0.3], 10)) is None
+    # 400 problems, 0.50 -> 0.40: √((0.25 + 0.24)/400) = 0.0350, ×1.96 = 0.0686 < 0.10: flagged
+    flag = health.eval_below_start(evals([0.5, 0.45, 0.4], 400))
+    assert flag is not None and flag.step == 2
+    # 400 problems, 0.50 -> 0.45: √((0.25 + 0.2475)/400) = 0.0353, ×1.96 = 0.0691 > 0.05: not flagged
+    assert health.eval_below_start(evals([0.5, 0.45], 400)) is None
+    # all right or all wrong at both ends: no binomial noise, the 0.02 line alone
+    assert health.eval_below_start(evals([1.0, 0.0], 400)) is not None
+
+
 def test_truncation_that_keeps_rising():
     # last 10 steps 1..10 with fraction 0.01·step: slope 0.01 per step, fitted rise 0.01 · 9 = 0.09 ≥ 0.05;
     # the lowest value in the window is at step 1

@@ -115,3 +115,4 @@ def test_evaluation_reports_pass1_per_share(tiny_model_dir, tmp_path, monkeypatc
     # two held-out problems a share: each share's pass@1 is 0, 1/2 or 1, and they average to the overall
     assert all(v in (0.0, 0.5, 1.0) for v in shares.values())
     assert out["eval/pass@1"] == pytest.approx(sum(shares.values()) / 3)
+    assert out["eval/problems"] == 6  # 3 shares × 2 held out: the health check weighs a fall by it

@@ -2,9 +2,11 @@
 
 Each check returns a `Flag` naming the metric, what happened and the step where it began, or None:
 
-- ``eval_below_start``: the last held-out ``eval/pass@1`` is below the first by more than
-  `eval_drop` (0.02; one pass@1 on 400 problems is ±0.05, so a smaller drop is not flagged). It
-  began at the first eval of the final stretch of evals below that line.
+- ``eval_below_start``: the last held-out ``eval/pass@1`` is below the first by more than `eval_drop`
+  (0.02) and, where the rows say how many problems were scored (``eval/problems``), by more than the 95%
+  noise of two pass@1 on that many problems, 1.96·√(p₀(1−p₀)/n₀ + p₁(1−p₁)/n₁): on 100 problems a fall from
+  0.50 to 0.40 is that noise (0.137), not flagged; on 400 it is flagged (0.069). It began at the first eval of
+  the final stretch of evals below that line.
 - ``rising``: ``truncated_fraction`` or ``response_length`` keeps rising: over the last `window`
   (10) training steps that log it, at least `min_points` (5) of them, the least-squares slope is
   positive and the fitted rise over the window, slope · (last step − first step), is at least
@@ -41,6 +43,7 @@ from typing import Any
 import numpy as np
 
 EVAL_KEY = "eval/pass@1"
+PROBLEMS_KEY = "eval/problems"  #: how many held-out problems each eval scored
 
 
 @dataclass(frozen=True)
@@ -89,7 +92,11 @@ def eval_below_start(rows: Sequence[dict[str, Any]], t: Thresholds = Thresholds(
     steps, p = series(rows, EVAL_KEY)
     if p.size < 2:
         return None
-    line = p[0] - t.eval_drop
+    _, n = series(rows, PROBLEMS_KEY)
+    noise = 0.0
+    if n.size == p.size and n.min() > 0:
+        noise = 1.96 * float(np.sqrt(p[0] * (1 - p[0]) / n[0] + p[-1] * (1 - p[-1]) / n[-1]))
+    line = p[0] - max(t.eval_drop, noise)
     if not p[-1] < line:
         return None
     return Flag("eval_below_start", EVAL_KEY, _final_stretch(steps, p < line),

@@ -75,7 +75,7 @@ def evaluate(t: Any) -> dict[str, float]:
                              n=cfg.samples, max_new_tokens=cfg.max_new_tokens,
                              label="eval", progress=t.recipe.log.progress and sys.stderr.isatty(), keep_stream=True)
     out = {"eval/pass@1": float(np.mean([r.greedy for r in results])),
-           "eval/length": float(np.mean([r.greedy_length for r in results])),
+           "eval/length": float(np.mean([r.greedy_length for r in results])), "eval/problems": len(results),
            **pass1_by_share(problems, [r.greedy for r in results])}  # a mixed task's shares
     if t.agent is not None:  # trajectories the environment failed (scored wrong here), as `adarl eval` reports
         out["eval/censored"] = float(np.mean([r.greedy_censored for r in results]))
