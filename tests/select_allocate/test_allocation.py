@@ -1,5 +1,6 @@
 """Selection and allocation: hand-computed counts, budgets respected, seeded statistics, state."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -11,6 +12,7 @@ from adarl import registry
 from adarl.allocate.dars import extra_rollouts
 from adarl.allocate.xrpo import Xrpo, half_width, t_quantile
 from adarl.budget import Budget
+from adarl.select.base import Stateless
 from adarl.select.gdro import pass_at_k_latest
 from adarl.select.store import DifficultyStore
 from adarl.types import Group, Problem, Rollout
@@ -324,6 +326,16 @@ def test_adaptive_run_resumes_exactly(tiny_model_dir, tmp_path, monkeypatch, sel
     assert sorted({p["step"] for p in prompt_log}) == [1, 2, 3, 4]
 
 
+@dataclasses.dataclass
+class SeededSelect(Stateless):
+    """A plugin selector (named by import path) with a `seed` of its own: every stage gets the run's."""
+
+    seed: int = 0
+
+    def select(self, store: DifficultyStore, k: int, rng: np.random.Generator) -> list[int]:
+        return list(range(k))
+
+
 def test_the_trainer_gives_its_components_the_runs_seed(tiny_model_dir, tmp_path, monkeypatch):
     from adarl.config import load_recipe
     from adarl.train.trainer import Trainer
@@ -335,8 +347,9 @@ def test_the_trainer_gives_its_components_the_runs_seed(tiny_model_dir, tmp_path
     for seed in (1, 2):
         recipe = load_recipe(data=recipe_data(tiny_model_dir, task, seed=seed,
                                               allocate={"name": "roc", "n": 4, "sampling": "stochastic"},
-                                              advantage={"name": "polychromic"}, log={"progress": False}))
+                                              advantage={"name": "polychromic"}, log={"progress": False},
+                                              select={"name": "test_allocation:SeededSelect"}))
         trainer = Trainer(recipe, tmp_path / f"seed{seed}")
-        built[seed] = (trainer.allocator.seed, trainer.estimator.seed)
+        built[seed] = (trainer.allocator.seed, trainer.estimator.seed, trainer.selector.seed)
     assert built[1] != built[2] and all(s != 0 for pair in built.values() for s in pair), built
     assert built[1][0] == registry.build("allocate", {"name": "roc"}, run_seed=1).seed

@@ -136,6 +136,6 @@ def follow(recipe: Recipe) -> None:
     if recipe.train.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    learner = build_learner(recipe, model, registry.build("loss", recipe.loss), pad_id,
+    learner = build_learner(recipe, model, registry.build("loss", recipe.loss, recipe.seed), pad_id,
                             np.random.default_rng(recipe.seed))
     learner.serve()

@@ -58,13 +58,14 @@ class Trainer:
         model, self.tokenizer = load_model(recipe.model, for_training=True)  # the learner's (it owns it)
         if recipe.train.gradient_checkpointing:
             model.gradient_checkpointing_enable()
-        self.selector = registry.build("select", recipe.select)
-        self.allocator = registry.build("allocate", recipe.allocate, recipe.seed)
-        self.shapings = [registry.build("shaping", spec) for spec in recipe.shaping]
-        self.estimator = registry.build("advantage", recipe.advantage, recipe.seed)
-        self.hints = registry.build("hints", recipe.hints) if recipe.hints is not None else None
-        self.token_weightings = [registry.build("tokens", spec) for spec in recipe.tokens]
-        loss = registry.build("loss", recipe.loss)
+        seed = recipe.seed  # a component's `seed` the recipe leaves out (registry.build)
+        self.selector = registry.build("select", recipe.select, seed)
+        self.allocator = registry.build("allocate", recipe.allocate, seed)
+        self.shapings = [registry.build("shaping", spec, seed) for spec in recipe.shaping]
+        self.estimator = registry.build("advantage", recipe.advantage, seed)
+        self.hints = registry.build("hints", recipe.hints, seed) if recipe.hints is not None else None
+        self.token_weightings = [registry.build("tokens", spec, seed) for spec in recipe.tokens]
+        loss = registry.build("loss", recipe.loss, seed)
         self.generator = build_rollout(recipe, model, self.tokenizer,
                                        problems=self.task.train + self.task.eval)  # an agent's environments
         self.agent = self.generator if recipe.rollout.agent else None
