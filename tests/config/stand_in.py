@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from adarl.config import load_recipe
+from adarl.config.loader import _set_dotted
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -45,17 +46,6 @@ def stand_in_overrides(recipe_path: Path, model_dir: Path, data: dict | None = N
     return over
 
 
-def written_in(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-    """`data` with each dotted key set (a section made where the recipe has none)."""
-    for key, value in overrides.items():
-        *path, last = key.split(".")
-        at = data
-        for part in path:
-            at = at.setdefault(part, {})
-        at[last] = value
-    return data
-
-
 def stand_in_recipes(folder: Path, model_dir: Path, extra: dict[str, Any] | None = None) -> None:
     """recipes/ copied into `folder/recipes` at test size (plus `extra`), and docs/examples.
     The header comments stay (errors quote its `hardware:`).
@@ -66,7 +56,9 @@ def stand_in_recipes(folder: Path, model_dir: Path, extra: dict[str, Any] | None
         recipe = yaml.safe_load(text)
         loads_with = {"task.path": str(folder)} if recipe["task"].get("source") == "hf_datasets" else {}
         over = {k: v for k, v in stand_in_overrides(path, model_dir, loads_with).items() if k not in loads_with}
-        written_in(recipe, {**over, **(extra or {})})["rollout"].pop("vllm", None)
+        for key, value in {**over, **(extra or {})}.items():
+            _set_dotted(recipe, key, value)  # as a command line's override is set
+        recipe["rollout"].pop("vllm", None)
         header = "".join(line for line in text.splitlines(keepends=True)[:40] if line.startswith("#"))
         (folder / "recipes" / path.name).write_text(header + yaml.safe_dump(recipe, sort_keys=False))
     shutil.copytree(ROOT / "docs" / "examples", folder / "docs" / "examples")
